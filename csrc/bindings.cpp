@@ -1,0 +1,58 @@
+// The one pybind11 module, pyserve._C. Ops are chosen by the device of their tensors; Python
+// reaches them only through pyserve/_native.py.
+#include <torch/extension.h>
+
+#include "cpu/ops.h"
+#include "kv/block_pool.h"
+
+namespace pyserve {
+namespace {
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.device().is_cpu(), "reshape_and_cache: no kernel for device ", key.device());
+  cpu::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
+}
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(query.device().is_cpu(), "paged_attention: no kernel for device ", query.device());
+  cpu::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+                       scale);
+}
+
+bool built_with_cuda() {
+#ifdef PYSERVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+}  // namespace pyserve
+
+PYBIND11_MODULE(_C, m) {
+  namespace py = pybind11;
+  using pyserve::BlockPool;
+  m.doc() = "pyserve native core: KV block pool and attention kernels";
+
+  py::class_<BlockPool>(m, "BlockPool")
+      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def("allocate", &BlockPool::allocate, py::arg("n"))
+      .def("free", &BlockPool::free, py::arg("block_ids"))
+      .def("incref", &BlockPool::incref, py::arg("block_ids"))
+      .def("ref_count", &BlockPool::ref_count, py::arg("block_id"))
+      .def("free_queue", &BlockPool::free_queue)
+      .def_property_readonly("num_blocks", &BlockPool::num_blocks)
+      .def_property_readonly("num_free", &BlockPool::num_free);
+
+  m.def("reshape_and_cache", &pyserve::reshape_and_cache, py::arg("key"), py::arg("value"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"));
+  m.def("paged_attention", &pyserve::paged_attention, py::arg("out"), py::arg("query"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("built_with_cuda", &pyserve::built_with_cuda);
+}

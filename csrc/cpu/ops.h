@@ -1,0 +1,31 @@
+// CPU implementations of pyserve's tensor ops. Each is also the readable specification of
+// its CUDA twin; the Python tests hold both to a plain PyTorch reference.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace pyserve::cpu {
+
+// Writes each new token's key/value into its slot of the paged cache.
+//   key, value:             [num_tokens, num_kv_heads, head_size]
+//   key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+//   slot_mapping:           [num_tokens] int64, slot = block_id * block_size + offset;
+//                           a negative slot skips the token (padding).
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping);
+
+// Causal attention for a batch that mixes prefill chunks and decode tokens, reading all keys
+// and values (including this step's, already cached) through the block tables.
+//   out, query:       [num_tokens, num_heads, head_size]; sequence b owns query rows
+//                     query_start_loc[b] .. query_start_loc[b+1]
+//   block_tables:     [num_seqs, max_blocks_per_seq] int32
+//   query_start_loc:  [num_seqs + 1] int32
+//   seq_lens:         [num_seqs] int32, context length of each sequence after this step; the
+//                     query rows are its last tokens, so row i of a q_len chunk sits at
+//                     position seq_len - q_len + i and sees keys 0 ..= that position.
+// num_heads must be a multiple of num_kv_heads (grouped-query attention).
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_tables,
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
+
+}  // namespace pyserve::cpu

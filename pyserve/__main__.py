@@ -1,0 +1,5 @@
+import sys
+
+from pyserve.cli import main
+
+sys.exit(main())

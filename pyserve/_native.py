@@ -1,0 +1,14 @@
+"""The one module that imports the native extension."""
+
+try:
+    from pyserve import _C
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "pyserve's native extension pyserve._C is not built. Run the set-up in README.md "
+        "(or `pip install --no-build-isolation -e .` in an environment with torch)."
+    ) from exc
+
+BlockPool = _C.BlockPool
+reshape_and_cache = _C.reshape_and_cache
+paged_attention = _C.paged_attention
+built_with_cuda = _C.built_with_cuda

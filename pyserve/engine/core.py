@@ -1,0 +1,171 @@
+"""The engine core: owns the model, the KV cache, the scheduler and the tokenizer, and runs
+one step at a time (schedule -> run -> sample -> update -> outputs). Synchronous; the async
+engine and the offline LLM drive it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import torch
+
+from pyserve.config import Config
+from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.engine.request import Request
+from pyserve.engine.sampling_params import SamplingParams
+from pyserve.engine.scheduler import Scheduler
+from pyserve.engine.stop import check_stop
+from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, allocate_kv_caches, bytes_per_block
+from pyserve.kv.manager import KVCacheManager
+from pyserve.model.errors import ModelLoadError
+from pyserve.model.loader import load_model, resolve_dtype
+from pyserve.model.runner import ModelRunner
+from pyserve.model.source import resolve_model
+from pyserve.tokenizer.tokenizer import load_tokenizer
+
+logger = logging.getLogger("pyserve")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: this torch sees no CUDA device")
+    if name == "cuda":
+        raise ModelLoadError("--device cuda: the CUDA path is not built yet; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_max_model_len(requested: int | None, arch) -> int:
+    limit = arch.max_position_embeddings
+    if requested is not None and requested > limit:
+        raise ModelLoadError(f"--max-model-len {requested} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+    length = requested or limit
+    if arch.sliding_window is not None and arch.sliding_window < length:
+        logger.warning("sliding-window attention is not implemented; capping --max-model-len "
+                       "at the window, %d tokens", arch.sliding_window)
+        length = arch.sliding_window
+    return length
+
+
+class EngineCore:
+    def __init__(self, config: Config):
+        self.config = config
+        t0 = time.perf_counter()
+        source = resolve_model(config.model)
+        self.model_name = source.name
+        self.arch = arch = source.arch
+        self.device = resolve_device(config.device.device)
+        self.dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, self.device)
+        self.max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
+        self.tokenizer = load_tokenizer(source.tokenizer_path)
+        self.eos_token_ids = self._eos_ids(source)
+        torch.manual_seed(config.model.seed)
+        model = load_model(arch, source.path, config.model.load_format, self.dtype, self.device,
+                           self.max_model_len, config.model.seed)
+        logger.info("loaded %s (%s, %s, %s) in %.2fs", arch.architecture, source.path,
+                    str(self.dtype).removeprefix("torch."), self.device, time.perf_counter() - t0)
+
+        block_size = config.cache.block_size
+        per_block = bytes_per_block(arch, arch.num_kv_heads, block_size, self.dtype)
+        budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+        num_blocks = budget // per_block
+        need = -(-self.max_model_len // block_size)
+        if num_blocks < need:
+            raise ModelLoadError(
+                f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
+                f"hold one sequence of --max-model-len {self.max_model_len} ({need} blocks); raise "
+                "--kv-cache-memory or lower --max-model-len")
+        kv_caches = allocate_kv_caches(arch, arch.num_kv_heads, num_blocks, block_size,
+                                       self.dtype, self.device)
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
+                    "max concurrency at %d tokens: %.1fx", num_blocks, block_size,
+                    num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
+                    self.max_model_len, num_blocks / need)
+        self.kv = KVCacheManager(num_blocks, block_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(model, kv_caches, block_size, self.device, config.model.seed)
+        self._arrivals = itertools.count()
+        self._requests: dict[str, Request] = {}
+
+    def _eos_ids(self, source) -> tuple[int, ...]:
+        ids = set(source.arch.eos_token_ids)
+        gen_file = source.path / "generation_config.json"
+        if gen_file.exists():
+            import json
+
+            eos = json.loads(gen_file.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None, priority: int = 0) -> Request:
+        """Admits a request or raises ValueError saying why it can never run."""
+        if request_id in self._requests:
+            raise ValueError(f"request_id '{request_id}' is already in use")
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt is empty")
+        vocab = self.arch.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens, but this model's maximum context length "
+                             f"is {self.max_model_len} tokens; shorten the prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
+        if n + max_tokens > self.max_model_len:
+            raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens, "
+                             f"but {n + max_tokens} were requested ({n} in the prompt, {max_tokens} "
+                             "in max_tokens); lower max_tokens or shorten the prompt")
+        if self.kv.blocks_for(n + max_tokens) > self.kv.num_blocks:
+            raise ValueError(f"{n + max_tokens} tokens cannot fit in the whole KV cache "
+                             f"({self.kv.num_blocks * self.kv.block_size} tokens)")
+        request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, max_tokens,
+                          prompt=prompt, arrival=next(self._arrivals), priority=priority)
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is not None and not request.finished:
+            request.finish("abort")
+            self.scheduler.finish(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the outputs of requests that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = iter(self.runner.execute(batch))
+        finished = []
+        for s in batch:
+            request = s.request
+            samples = s.samples
+            request.num_computed_tokens += s.num_new_tokens
+            if not samples:
+                continue
+            request.output_token_ids.append(next(sampled))
+            check_stop(request, self.tokenizer, self.max_model_len)
+            if request.finished:
+                self.scheduler.finish(request)
+                del self._requests[request.request_id]
+                finished.append(self._output(request))
+        return finished
+
+    def _output(self, request: Request) -> RequestOutput:
+        text = self.tokenizer.decode(request.output_token_ids,
+                                     skip_special_tokens=request.params.skip_special_tokens)
+        if request.text_end is not None:
+            text = text[: request.text_end]
+        completion = CompletionOutput(0, text, list(request.output_token_ids),
+                                      request.finish_reason, request.stop_reason)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                             [completion], finished=True)

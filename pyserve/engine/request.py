@@ -1,0 +1,59 @@
+"""One request's life: WAITING -> RUNNING <-> PREEMPTED(waiting again) -> FINISHED.
+
+num_computed_tokens counts the tokens whose K/V are in the cache. Each step the scheduler lets
+it catch up with num_tokens (prompt + output so far); when it has caught up, the step's last
+logits sample the next token. There are no separate prefill and decode phases."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from pyserve.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: tuple[int, ...], max_tokens: int, prompt: str | None = None,
+                 arrival: int = 0, priority: int = 0):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = () if params.ignore_eos else eos_token_ids
+        self.max_tokens = max_tokens  # resolved against the model length
+        self.arrival = arrival
+        self.priority = priority  # lower runs first under --scheduling-policy priority
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.text_end: int | None = None  # where a stop string cut the text
+        self.num_preemptions = 0
+        self.generator = (torch.Generator().manual_seed(params.seed)
+                          if params.seed is not None else None)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason

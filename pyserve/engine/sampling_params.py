@@ -1,0 +1,55 @@
+"""SamplingParams: how one request is sampled and when it stops (vLLM's names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the model length
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop_strings = (self.stop,)
+        else:
+            self.stop_strings = tuple(self.stop or ())
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        def need(ok: bool, name: str, message: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {message}")
+
+        need(self.n == 1, "n", "must be 1 (several choices per request come with the full sampler)")
+        need(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        need(self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
+        need(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        need(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"must be at least 1, got {self.max_tokens}")
+        need(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}")
+        need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}")
+        need(all(isinstance(s, str) and s for s in self.stop_strings), "stop",
+             "must be a non-empty string or a list of them")
+        need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+             "must be a list of non-negative token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,70 @@
+"""Offline generation, as vLLM's LLM: every prompt goes through the engine together."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from pyserve.config import Config
+from pyserve.engine.core import EngineCore
+from pyserve.engine.output import RequestOutput
+from pyserve.engine.sampling_params import SamplingParams
+from pyserve.tokenizer.tokenizer import apply_chat_template
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    """LLM(model=None, **flags): flags take the CLI's names in snake case
+    (dtype="float32", max_model_len=2048, kv_cache_memory=1 << 30, ...)."""
+
+    def __init__(self, model: str | None = None, **flags):
+        self.config = Config.from_flat(model=model, **flags)
+        self.engine = EngineCore(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def _token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):  # {"prompt_token_ids": [...]} or {"prompt": "..."}
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return self._token_ids(prompt["prompt"])
+        return None, list(prompt)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params) != len(prompts):
+            raise ValueError("sampling_params must be one object or one per prompt")
+        ids = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                text, token_ids = self._token_ids(prompt)
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, token_ids, p, prompt=text,
+                                        priority=priority[i] if priority else 0)
+                ids.append(request_id)
+            outputs: dict[str, RequestOutput] = {}
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    outputs[out.request_id] = out
+        except BaseException:
+            for request_id in ids:
+                self.engine.abort(request_id)
+            raise
+        return [outputs[i] for i in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, c)} for c in conversations]
+        return self.generate(prompts, sampling_params)

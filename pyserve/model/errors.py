@@ -1,0 +1,2 @@
+class ModelLoadError(Exception):
+    """The model cannot be used as given; the message says what to change."""

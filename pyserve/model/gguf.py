@@ -1,0 +1,164 @@
+"""GGUF file -> Hugging Face model directory (config.json, model.safetensors, tokenizer,
+chat template, generation_config.json).
+
+Quantized tensors are dequantized to float32 with the gguf package's own dequantizers, and
+the q/k rows that llama.cpp permutes for its rotary layout are put back in Hugging Face order,
+so the directory holds the same numbers transformers computes when it loads the GGUF itself.
+Conversion writes into a temporary directory and renames it into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pyserve.model.errors import ModelLoadError
+
+# GGUF architecture -> (HF architecture, HF model_type)
+_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    return None  # e.g. rope_freqs: recomputed from the config
+
+
+def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleaving of q/k rows (Hugging Face keeps halves)."""
+    rows = weight.shape[0]
+    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def _config(reader) -> tuple[dict, str]:
+    gguf_arch = _field(reader, "general.architecture")
+    if gguf_arch not in _ARCHITECTURES:
+        raise ModelLoadError(
+            f"GGUF architecture '{gguf_arch}' is not supported; pyserve converts: "
+            + ", ".join(sorted(_ARCHITECTURES)))
+    hf_arch, model_type = _ARCHITECTURES[gguf_arch]
+
+    def get(key, default=None):
+        return _field(reader, f"{gguf_arch}.{key}", default)
+
+    num_heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    vocab = get("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    cfg = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", num_heads)),
+        "head_dim": int(get("attention.key_length", hidden // num_heads)),
+        "max_position_embeddings": int(get("context_length", 2048)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if gguf_arch == "qwen2":
+        cfg["attention_bias"] = True
+    factor = get("rope.scaling.factor")
+    if factor is not None and get("rope.scaling.type") in ("llama3", None):
+        cfg["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": float(factor),
+            "low_freq_factor": float(get("rope.scaling.low_freq_factor", 1.0)),
+            "high_freq_factor": float(get("rope.scaling.high_freq_factor", 4.0)),
+            "original_max_position_embeddings": int(get("rope.scaling.original_context_length", 8192)),
+        }
+    return cfg, gguf_arch
+
+
+def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
+    import torch
+    from gguf.quants import dequantize
+
+    tensors = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        array = dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)
+        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
+            array = _unpermute_rotary(array, heads)
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(array))
+    return tensors
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Converts gguf_path into the model directory out_dir (replacing nothing that exists)."""
+    from gguf import GGUFReader
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    try:
+        reader = GGUFReader(gguf_path)
+    except Exception as exc:  # the gguf package raises bare ValueErrors and friends
+        raise ModelLoadError(f"'{gguf_path}' is not a readable GGUF file: {exc}") from None
+    cfg, gguf_arch = _config(reader)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        save_file(_weights(reader, cfg, gguf_arch), tmp / "model.safetensors",
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg[k] is not None}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

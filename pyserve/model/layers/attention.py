@@ -1,0 +1,39 @@
+"""Attention over the paged KV cache: the step's K/V go into their slots, then every query
+row attends to its sequence's cached keys through the block table (prefill chunks and decode
+tokens in one batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pyserve import _native
+
+
+@dataclass
+class AttentionMetadata:
+    """Plain tensors describing one step's batch; built by the model runner."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq * D]."""
+        key_cache, value_cache = kv_cache
+        _native.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        _native.paged_attention(out, q, key_cache, value_cache, meta.block_tables,
+                                meta.query_start_loc, meta.seq_lens, self.scale)
+        return out.view(q.shape[0], -1)

@@ -1,0 +1,90 @@
+"""Linear layers in column- and row-parallel form (vLLM's shapes). Each parameter carries a
+weight_loader that copies the caller's slice of a checkpoint tensor into place, so a rank
+never holds more than its shard and loading needs no full extra copy of the model."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyserve.model.layers.parallel import SINGLE, TPGroup
+
+
+def _param(shape, dtype, loader) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    p.weight_loader = loader
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T + b with W's output rows split across ranks; output stays sharded."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        # Each logical output (q, k, v or gate, up) is sharded on its own and the shards are
+        # stacked: rank r holds [q_r; k_r; v_r].
+        self.shard_sizes = [tp.shard(n, "output size") for n in output_sizes]
+        self.shard_offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
+        out = sum(self.shard_sizes)
+        self.weight = _param((out, input_size), dtype, self._load)
+        self.bias = _param((out,), dtype, self._load) if bias else None
+
+    def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
+        """Rows of the checkpoint tensor this rank takes for logical output shard_id."""
+        size = self.shard_sizes[shard_id]
+        return self.tp.rank * size, size
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        start, size = self.shard_range(shard_id, loaded.shape[0])
+        offset = self.shard_offsets[shard_id]
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The merged q/k/v projection. With fewer KV heads than ranks, KV heads are replicated:
+    each rank keeps the one KV head its query heads use."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool, dtype: torch.dtype, tp: TPGroup = SINGLE):
+        self.num_kv_heads_per_rank = max(1, num_kv_heads // tp.size)
+        self.kv_replicas = max(1, tp.size // num_kv_heads)
+        kv_out = self.num_kv_heads_per_rank * head_dim * tp.size
+        super().__init__(hidden_size, [num_heads * head_dim, kv_out, kv_out], bias, dtype, tp)
+        self.head_dim = head_dim
+
+    def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
+        size = self.shard_sizes[shard_id]
+        if shard_id == 0:
+            return self.tp.rank * size, size
+        return (self.tp.rank // self.kv_replicas) * size, size
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T + b with W's input columns split across ranks; the partial sums of the ranks
+    are reduced by the caller's communicator (none at tensor-parallel size 1)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype,
+                 tp: TPGroup = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.input_per_rank = tp.shard(input_size, "input size")
+        self.weight = _param((output_size, self.input_per_rank), dtype, self._load_weight)
+        self.bias = _param((output_size,), dtype, self._load_bias) if bias else None
+
+    def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        n = self.input_per_rank
+        param.data.copy_(loaded.narrow(1, self.tp.rank * n, n))
+
+    def _load_bias(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size > 1:
+            raise NotImplementedError("tensor-parallel reduction arrives with the TP executor")
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,57 @@
+"""Rotary position embedding, neox style (rotate halves), with Llama 3 frequency scaling.
+
+cos/sin are tabulated once in float32 for every position up to the model length; the
+inverse frequencies are computed exactly as Hugging Face computes them so float32 output
+matches it bit for bit."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim
+    return 1.0 / (base ** exponents)
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict | None):
+        super().__init__()
+        inv_freq = _inv_freq(head_dim, base)
+        if scaling is not None:
+            kind = scaling.get("rope_type")
+            if kind != "llama3":
+                raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3)")
+            inv_freq = _llama3_scaled(inv_freq, scaling)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", freqs.cos(), persistent=False)  # [max_positions, head_dim/2]
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.head_dim = head_dim
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,147 @@
+"""The Llama-family decoder: Llama 2/3 (and SmolLM2), Mistral, Qwen2 (qkv bias) and Qwen3
+(q/k RMSNorm). Shapes: T tokens in the step, H query heads, Hkv KV heads, D head size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pyserve.model.arch import ModelArch
+from pyserve.model.layers.activation import silu_and_mul
+from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
+from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyserve.model.layers.norm import RMSNorm
+from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.rotary import RotaryEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+# checkpoint name fragment -> (our merged parameter, shard id)
+_STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        d = arch.head_dim
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
+                                          arch.attention_bias, dtype, tp)
+        self.num_heads = tp.shard(arch.num_heads, "num_attention_heads")
+        self.num_kv_heads = self.qkv_proj.num_kv_heads_per_rank
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, False, dtype, tp)
+        self.q_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
+        self.k_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5)
+        self.head_dim = d
+
+    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 Hkv) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        n = arch.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [n, n], False, dtype, tp)
+        self.down_proj = RowParallelLinear(n, arch.hidden_size, False, dtype, tp)
+
+    def forward(self, x):
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(arch, rotary, dtype, tp)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(arch, dtype, tp)
+
+    def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
+        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch, rotary, dtype, tp) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch, max_positions, dtype, tp)
+        self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
+                        else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
+        """-> hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.lm_head.weight)[:, : self.arch.vocab_size]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copies checkpoint tensors into place; returns the parameter names filled."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.arch.tie_word_embeddings:
+                continue
+            target, shard = name, None
+            for fragment, (merged, shard_id) in _STACKED.items():
+                if f".{fragment}." in name:
+                    target, shard = name.replace(fragment, merged), shard_id
+                    break
+            param = params.get(target)
+            if param is None:
+                continue  # tensors the model does not use (e.g. extra heads)
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                param.data.copy_(tensor)
+            elif shard is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard)
+            loaded.add(target)
+        return loaded

@@ -1,0 +1,82 @@
+"""Turns --model (a directory, a .gguf file, or nothing for the default model) into a checked
+model directory, before any weights load. Every failure is one ModelLoadError that says
+what is wrong and what to do."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyserve.config import ModelConfig
+from pyserve.model.arch import ModelArch
+from pyserve.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from pyserve.model.errors import ModelLoadError
+from pyserve.model.gguf import convert_gguf
+from pyserve.model.registry import model_class
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path  # a Hugging Face style model directory
+    tokenizer_path: Path
+    arch: ModelArch
+    hf_config: dict
+    name: str  # the name the API reports
+
+
+def _converted_gguf(gguf: Path, download_dir: str) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    out = Path(download_dir) / "converted" / f"{gguf.stem}-{key[:12]}"
+    if (out / "config.json").exists():
+        return out
+    return convert_gguf(gguf, out)
+
+
+def _read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"'{path}' has no config.json: it is not a Hugging Face model "
+                             "directory (pass a model directory or a .gguf file)")
+    try:
+        cfg = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"'{config_file}' is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"'{config_file}' must hold a JSON object")
+    return cfg
+
+
+def resolve_model(cfg: ModelConfig) -> ModelSource:
+    if cfg.model is None:
+        path, default_name = ensure_default_model(cfg.download_dir), DEFAULT_MODEL_NAME
+    else:
+        given = Path(cfg.model).expanduser()
+        if not given.exists():
+            raise ModelLoadError(f"model path '{given}' does not exist")
+        if given.is_file():
+            if given.suffix != ".gguf":
+                raise ModelLoadError(f"'{given}' is a file but not a .gguf; pass a model "
+                                     "directory or a .gguf file")
+            path = _converted_gguf(given, cfg.download_dir)
+        else:
+            path = given
+        default_name = str(cfg.model)
+
+    hf_config = _read_config(path)
+    arch = ModelArch.from_hf_config(hf_config)
+    model_class(arch.architecture)  # refuses unsupported architectures, listing ours
+
+    if cfg.load_format != "dummy" and not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"'{path}' holds no *.safetensors weights "
+                             "(use --load-format dummy for random weights)")
+    tokenizer_path = Path(cfg.tokenizer).expanduser() if cfg.tokenizer else path
+    if not any((tokenizer_path / f).exists() for f in _TOKENIZER_FILES):
+        raise ModelLoadError(f"no tokenizer in '{tokenizer_path}' (looked for "
+                             f"{', '.join(_TOKENIZER_FILES)}); pass --tokenizer DIR")
+    return ModelSource(path=path, tokenizer_path=tokenizer_path, arch=arch, hf_config=hf_config,
+                       name=cfg.served_model_name or default_name)
