@@ -1,0 +1,46 @@
+import pytest
+
+from pyserve import _native
+
+
+def test_allocate_takes_oldest_free_first_and_free_appends():
+    pool = _native.BlockPool(6)
+    assert pool.num_blocks == 6 and pool.num_free == 6
+    a = pool.allocate(4)
+    assert a == [0, 1, 2, 3] and pool.num_free == 2
+    pool.free([3, 1])
+    # LRU order: never-used 4, 5 first, then 3 and 1 in the order they were released
+    assert pool.free_queue() == [4, 5, 3, 1]
+    assert pool.allocate(3) == [4, 5, 3]
+
+
+def test_ref_counts_and_sharing():
+    pool = _native.BlockPool(4)
+    (b,) = pool.allocate(1)
+    pool.incref([b])
+    assert pool.ref_count(b) == 2
+    pool.free([b])
+    assert pool.ref_count(b) == 1 and b not in pool.free_queue()
+    pool.free([b])
+    assert pool.ref_count(b) == 0 and pool.free_queue()[-1] == b
+
+
+def test_errors_change_nothing():
+    pool = _native.BlockPool(3)
+    ids = pool.allocate(2)
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        pool.allocate(2)
+    assert pool.num_free == 1
+    with pytest.raises(RuntimeError, match="double free"):
+        pool.free([ids[0], ids[0]])
+    assert pool.ref_count(ids[0]) == 1
+    pool.free(ids)
+    with pytest.raises(RuntimeError, match="double free"):
+        pool.free([ids[1]])
+    with pytest.raises(IndexError):
+        pool.free([7])
+    with pytest.raises(RuntimeError, match="incref of free"):
+        pool.incref([ids[0]])
+    assert pool.num_free == 3
+    with pytest.raises(ValueError):
+        _native.BlockPool(0)

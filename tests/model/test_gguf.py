@@ -1,0 +1,49 @@
+"""GGUF conversion: the converted directory holds exactly the tensors transformers computes
+when it loads the GGUF itself, generates the same greedy ids, and --model FILE.gguf works."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pyserve import LLM, SamplingParams
+from pyserve.cli import parse_config
+from pyserve.model.default_model import fetch_default_gguf
+
+from .reference import hf_greedy, load_hf
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Once upon a time", "The capital of Japan is"]
+
+
+@pytest.fixture(scope="module")
+def gguf_file(default_model_dir):
+    return fetch_default_gguf(parse_config([]).model.download_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_from_gguf(gguf_file):
+    return load_hf(gguf_file.parent, gguf_file=gguf_file.name)
+
+
+def test_converted_tensors_equal_transformers_gguf_load(default_model_dir, hf_from_gguf):
+    ours = load_file(str(default_model_dir / "model.safetensors"))
+    theirs = hf_from_gguf.state_dict()
+    assert set(ours) == set(theirs) - {"lm_head.weight"}  # tied to the embedding
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+
+
+def test_greedy_output_equals_transformers_on_the_gguf(default_model_dir, hf_from_gguf, tmp_path):
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    converted = LLM(str(default_model_dir)).generate(PROMPTS, params)
+    for out in converted:
+        assert out.outputs[0].token_ids == hf_greedy(hf_from_gguf, out.prompt_token_ids, 48)
+
+
+def test_model_flag_accepts_a_gguf_file(default_model_dir, gguf_file, tmp_path):
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    direct = LLM(str(gguf_file), download_dir=str(tmp_path)).generate(PROMPTS, params)
+    converted = LLM(str(default_model_dir)).generate(PROMPTS, params)
+    assert [o.outputs[0].token_ids for o in direct] == [o.outputs[0].token_ids for o in converted]
+    assert any(tmp_path.glob("converted/*/model.safetensors"))

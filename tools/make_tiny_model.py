@@ -1,0 +1,88 @@
+"""Makes a tiny random model directory of a supported architecture, for tests and examples:
+config.json + safetensors (optionally sharded) written by transformers from a config, and a
+small byte-level BPE tokenizer trained on a built-in text.
+
+    python tools/make_tiny_model.py OUT_DIR --arch qwen3 [--shard]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+VOCAB_SIZE = 512
+_BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+             rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+             initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# name -> (transformers config class name, overrides)
+ARCHES = {
+    "llama": ("LlamaConfig", {}),
+    "llama-tied-mha": ("LlamaConfig", dict(num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama3": ("LlamaConfig", dict(
+        num_attention_heads=8, num_key_value_heads=1, hidden_size=128, max_position_embeddings=1024,
+        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0,
+                                               original_max_position_embeddings=64))),
+    "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
+                                      head_dim=16, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+}
+
+_CORPUS = """The quick brown fox jumps over the lazy dog. A paged KV cache stores keys and values
+in fixed-size blocks. Continuous batching lets requests join and leave at any step.
+Hello, world! How are you today? I am fine, thank you. Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100.
+Paris is the capital of France. Tokyo is the capital of Japan. Python, C++ and CUDA.
+"""
+
+
+def make_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_CORPUS] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>"
+                          "{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}")
+    fast.save_pretrained(str(out))
+
+
+def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = False,
+                    seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    out = Path(out_dir)
+    config_cls, overrides = ARCHES[arch]
+    config = getattr(transformers, config_cls)(**{**_BASE, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(out), max_shard_size="100KB" if shard else "2GB")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    make_tokenizer(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--arch", choices=sorted(ARCHES), default="llama")
+    parser.add_argument("--shard", action="store_true", help="write a sharded checkpoint")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(make_tiny_model(args.out_dir, args.arch, args.shard, args.seed))
+
+
+if __name__ == "__main__":
+    main()
