@@ -76,6 +76,8 @@ class Config:
     @staticmethod
     def from_flat(**values) -> "Config":
         """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
+        if isinstance(values.get("kv_cache_memory"), str):
+            values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
         sections = {}
         unknown = set(values)
         for section in dataclasses.fields(Config):
