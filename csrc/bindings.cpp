@@ -4,12 +4,23 @@
 
 #include "cpu/ops.h"
 #include "kv/block_pool.h"
+#ifdef PYSERVE_CUDA
+#include "cuda/ops.h"
+#endif
 
 namespace pyserve {
 namespace {
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+#ifdef PYSERVE_CUDA
+  if (key.is_cuda()) {
+    TORCH_CHECK(key_cache.device() == key.device() && slot_mapping.device() == key.device(),
+                "reshape_and_cache: all tensors must be on one device");
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64");
+    return cuda::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
+  }
+#endif
   TORCH_CHECK(key.device().is_cpu(), "reshape_and_cache: no kernel for device ", key.device());
   cpu::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
 }
