@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
 from pyserve.config import Config
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import RequestOutput
-from pyserve.engine.sampling_params import SamplingParams
+from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 Prompt = str | list[int] | dict
@@ -42,6 +43,8 @@ class LLM:
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        # offline use wants only each request's final output
+        params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         if len(params) != len(prompts):
             raise ValueError("sampling_params must be one object or one per prompt")
         ids = []

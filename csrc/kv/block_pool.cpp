@@ -10,7 +10,8 @@ BlockPool::BlockPool(int64_t num_blocks)
     : ref_counts_(num_blocks < 0 ? 0 : num_blocks, 0),
       prev_(num_blocks + 1),
       next_(num_blocks + 1),
-      sentinel_(num_blocks) {
+      sentinel_(num_blocks),
+      block_hash_(num_blocks < 0 ? 0 : num_blocks) {
   if (num_blocks <= 0) throw std::invalid_argument("BlockPool needs at least one block");
   prev_[sentinel_] = next_[sentinel_] = sentinel_;
   for (int64_t id = 0; id < num_blocks; ++id) push_tail(id);
@@ -49,6 +50,11 @@ std::vector<int64_t> BlockPool::allocate(int64_t n) {
     const int64_t id = next_[sentinel_];
     unlink(id);
     ref_counts_[id] = 1;
+    if (!block_hash_[id].empty()) {  // reused for new content: its old entry goes
+      cached_.erase(block_hash_[id]);
+      block_hash_[id].clear();
+      ++num_evictions_;
+    }
     ids.push_back(id);
   }
   return ids;
@@ -75,6 +81,33 @@ void BlockPool::incref(const std::vector<int64_t>& block_ids) {
       throw std::runtime_error("incref of free KV block " + std::to_string(id));
   }
   for (int64_t id : block_ids) ++ref_counts_[id];
+}
+
+int64_t BlockPool::lookup(const std::string& hash) const {
+  const auto it = cached_.find(hash);
+  return it == cached_.end() ? -1 : it->second;
+}
+
+void BlockPool::acquire(const std::vector<int64_t>& block_ids) {
+  for (int64_t id : block_ids) {
+    check_id(id);
+    if (block_hash_[id].empty())
+      throw std::runtime_error("acquire of KV block " + std::to_string(id) + " that is not cached");
+  }
+  for (int64_t id : block_ids) {
+    if (ref_counts_[id]++ == 0) unlink(id);
+  }
+}
+
+bool BlockPool::cache(int64_t block_id, const std::string& hash) {
+  check_id(block_id);
+  if (ref_counts_[block_id] <= 0)
+    throw std::runtime_error("cannot cache free KV block " + std::to_string(block_id));
+  if (hash.empty()) throw std::invalid_argument("empty block hash");
+  if (!block_hash_[block_id].empty()) return block_hash_[block_id] == hash;
+  if (!cached_.emplace(hash, block_id).second) return false;
+  block_hash_[block_id] = hash;
+  return true;
 }
 
 int32_t BlockPool::ref_count(int64_t block_id) const {

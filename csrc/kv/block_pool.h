@@ -4,11 +4,18 @@
 //  * every block id in [0, num_blocks) is either in the free queue (ref count 0) or held
 //    (ref count >= 1), never both;
 //  * the free queue is ordered by release time: allocate() takes from the head, the oldest
-//    released block, and free() appends at the tail. A block that later carries a prefix-cache
-//    entry can be pulled out of the middle in O(1) (doubly linked), so eviction stays LRU.
+//    released block, and free() appends at the tail;
+//  * prefix cache: a full block may carry a content hash (a chained SHA-256 computed by the
+//    caller, 32 bytes, strong enough that collisions are no practical risk, so hits are not
+//    re-verified). A hash maps to at most one block. A cached block keeps its hash while free,
+//    so a later request can take it back out of the middle of the free queue (O(1), doubly
+//    linked); only when allocate() reuses it for new content is the entry evicted. Eviction is
+//    therefore least-recently-released first.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace pyserve {
@@ -25,6 +32,16 @@ class BlockPool {
   void free(const std::vector<int64_t>& block_ids);
   // Adds a holder to blocks already held (sharing).
   void incref(const std::vector<int64_t>& block_ids);
+
+  // Prefix cache. lookup: the block holding this content, or -1.
+  int64_t lookup(const std::string& hash) const;
+  // Takes a reference on cache hits, pulling free ones out of the free queue.
+  void acquire(const std::vector<int64_t>& block_ids);
+  // Records that the held block block_id now holds full content with this hash. Returns false
+  // (and records nothing) when another block already holds the same content.
+  bool cache(int64_t block_id, const std::string& hash);
+  int64_t num_cached() const { return static_cast<int64_t>(cached_.size()); }
+  int64_t num_evictions() const { return num_evictions_; }
 
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
   int64_t num_free() const { return num_free_; }
@@ -43,6 +60,9 @@ class BlockPool {
   std::vector<int64_t> next_;
   int64_t sentinel_;
   int64_t num_free_ = 0;
+  std::unordered_map<std::string, int64_t> cached_;
+  std::vector<std::string> block_hash_;  // empty: the block carries no cache entry
+  int64_t num_evictions_ = 0;
 };
 
 }  // namespace pyserve

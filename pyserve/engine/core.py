@@ -1,6 +1,7 @@
 """The engine core: owns the model, the KV cache, the scheduler and the tokenizer, and runs
-one step at a time (schedule -> run -> sample -> update -> outputs). Synchronous; the async
-engine and the offline LLM drive it."""
+one step at a time: schedule -> prepare -> run (forward + sample) -> process (update requests,
+detokenize, stop checks, outputs). Only run() may happen off the caller's thread; the async
+engine runs it in its model thread, the offline LLM calls step()."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import torch
 from pyserve.config import Config
 from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.engine.request import Request
-from pyserve.engine.sampling_params import SamplingParams
-from pyserve.engine.scheduler import Scheduler
-from pyserve.engine.stop import check_stop
+from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.engine.scheduler import ScheduledRequest, Scheduler
+from pyserve.engine.stop import append_token
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, allocate_kv_caches, bytes_per_block
 from pyserve.kv.manager import KVCacheManager
 from pyserve.model.errors import ModelLoadError
 from pyserve.model.loader import load_model, resolve_dtype
-from pyserve.model.runner import ModelRunner
+from pyserve.model.runner import ModelRunner, PreparedBatch
 from pyserve.model.source import resolve_model
+from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 from pyserve.tokenizer.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pyserve")
@@ -84,7 +86,7 @@ class EngineCore:
                     "max concurrency at %d tokens: %.1fx", num_blocks, block_size,
                     num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
                     self.max_model_len, num_blocks / need)
-        self.kv = KVCacheManager(num_blocks, block_size)
+        self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, kv_caches, block_size, self.device, config.model.seed)
         self._arrivals = itertools.count()
@@ -126,6 +128,9 @@ class EngineCore:
                              f"({self.kv.num_blocks * self.kv.block_size} tokens)")
         request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, max_tokens,
                           prompt=prompt, arrival=next(self._arrivals), priority=priority)
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop_strings,
+            params.include_stop_str_in_output)
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -139,33 +144,54 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step; returns the outputs of requests that finished in it."""
-        batch = self.scheduler.schedule()
-        if not batch:
-            return []
-        sampled = iter(self.runner.execute(batch))
-        finished = []
+    def schedule(self) -> list[ScheduledRequest]:
+        return self.scheduler.schedule()
+
+    def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
+        return self.runner.prepare(batch)
+
+    def run(self, prepared: PreparedBatch) -> list[int]:
+        return self.runner.run(prepared)
+
+    def process(self, batch: list[ScheduledRequest], sampled: list[int]) -> list[RequestOutput]:
+        """Applies a step's results; returns the outputs due (per each request's output_kind).
+        Requests aborted while the step ran are skipped: their blocks are already free."""
+        tokens = iter(sampled)
+        outputs = []
         for s in batch:
             request = s.request
-            samples = s.samples
-            request.num_computed_tokens += s.num_new_tokens
-            if not samples:
+            token = next(tokens) if s.samples else None
+            if request.finished:
                 continue
-            request.output_token_ids.append(next(sampled))
-            check_stop(request, self.tokenizer, self.max_model_len)
+            request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_full_blocks(request)
+            if token is None:
+                continue
+            append_token(request, token, self.max_model_len)
             if request.finished:
                 self.scheduler.finish(request)
                 del self._requests[request.request_id]
-                finished.append(self._output(request))
-        return finished
+            output = self._output(request)
+            if output is not None:
+                outputs.append(output)
+        return outputs
 
-    def _output(self, request: Request) -> RequestOutput:
-        text = self.tokenizer.decode(request.output_token_ids,
-                                     skip_special_tokens=request.params.skip_special_tokens)
-        if request.text_end is not None:
-            text = text[: request.text_end]
-        completion = CompletionOutput(0, text, list(request.output_token_ids),
-                                      request.finish_reason, request.stop_reason)
+    def step(self) -> list[RequestOutput]:
+        batch = self.schedule()
+        if not batch:
+            return []
+        return self.process(batch, self.run(self.prepare(batch)))
+
+    def _output(self, request: Request) -> RequestOutput | None:
+        kind = request.params.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and not request.finished:
+            return None
+        delta = request.detokenizer.new_text(request.finished)
+        if kind is RequestOutputKind.DELTA:
+            text, ids = delta, request.output_token_ids[request.num_sent_tokens:]
+        else:
+            text, ids = request.detokenizer.emitted_text, list(request.output_token_ids)
+        request.num_sent_tokens = len(request.output_token_ids)
+        completion = CompletionOutput(0, text, ids, request.finish_reason, request.stop_reason)
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                             [completion], finished=True)
+                             [completion], finished=request.finished)

@@ -34,10 +34,13 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # content hashes of full blocks (prefix cache)
+        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.text_end: int | None = None  # where a stop string cut the text
+        self.detokenizer = None  # IncrementalDetokenizer, set by the engine core
+        self.num_sent_tokens = 0  # output tokens already handed out (streaming)
         self.num_preemptions = 0
         self.generator = (torch.Generator().manual_seed(params.seed)
                           if params.seed is not None else None)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0  # every output carries all text and token ids so far
+    DELTA = 1  # every output carries only what is new since the last one
+    FINAL_ONLY = 2  # one output, when the request finishes
 
 
 @dataclass
@@ -20,6 +27,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

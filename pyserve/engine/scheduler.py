@@ -6,6 +6,9 @@ num_computed_tokens catches up with its num_tokens under a per-step token budget
 prompt gets the next chunk), then waiting requests are admitted while the budget, max_num_seqs
 and free blocks allow. This one mechanism gives continuous batching and chunked prefill.
 
+A waiting request is admitted with whatever leading full blocks the prefix cache already
+holds (num_computed_tokens starts past them).
+
 When a running request cannot get the blocks its tokens need, the lowest-priority request
 (largest (priority, arrival) key) is preempted: its blocks are freed and it waits again with
 its output so far, to be recomputed later. Nothing new is admitted in a step that preempted.
@@ -80,8 +83,8 @@ class Scheduler:
         while (not preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(request, request.num_computed_tokens + n):
+            n = self.kv.allocate_new_request(request, budget)
+            if n is None:
                 break
             self.waiting.pop(0)
             request.status = RequestStatus.RUNNING

@@ -1,12 +1,25 @@
-"""One step on the device: scheduled requests -> input tensors -> forward -> sampled ids."""
+"""One step on the device: scheduled requests -> input tensors (prepare, on the event loop,
+where request state lives) -> forward and sampling (run, safe to call from the model thread:
+it touches only the prepared tensors, the model and the sampling requests' generators)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from pyserve.engine.scheduler import ScheduledRequest
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.sampler import sample
+
+
+@dataclass
+class PreparedBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # rows of the hidden states whose logits are sampled
+    sampling: list  # the requests sampled, in row order
 
 
 class ModelRunner:
@@ -18,7 +31,7 @@ class ModelRunner:
         self.device = device
         self.generator = torch.Generator().manual_seed(seed)  # for requests without a seed
 
-    def _prepare(self, batch: list[ScheduledRequest]):
+    def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
         max_blocks = max(len(s.request.block_ids) for s in batch)
@@ -43,16 +56,16 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
         )
-        return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                torch.tensor(positions, dtype=torch.int64, device=dev), meta,
-                torch.tensor(sample_rows, dtype=torch.int64, device=dev))
+        return PreparedBatch(torch.tensor(input_ids, dtype=torch.int64, device=dev),
+                             torch.tensor(positions, dtype=torch.int64, device=dev), meta,
+                             torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+                             [s.request for s in batch if s.samples])
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledRequest]) -> list[int]:
-        """Runs the batch; returns one sampled id per request whose step samples, in order."""
-        input_ids, positions, meta, sample_rows = self._prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        if sample_rows.numel() == 0:
+    def run(self, batch: PreparedBatch) -> list[int]:
+        """Forward and sampling; one sampled id per sampling request, in order."""
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if not batch.sampling:
             return []
-        logits = self.model.compute_logits(hidden[sample_rows]).float().cpu()
-        return sample(logits, [s.request for s in batch if s.samples], self.generator)
+        logits = self.model.compute_logits(hidden[batch.sample_rows]).float().cpu()
+        return sample(logits, batch.sampling, self.generator)

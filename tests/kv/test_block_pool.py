@@ -44,3 +44,24 @@ def test_errors_change_nothing():
     assert pool.num_free == 3
     with pytest.raises(ValueError):
         _native.BlockPool(0)
+
+
+def test_prefix_cache_entries_survive_free_until_reuse():
+    pool = _native.BlockPool(3)
+    a, b = pool.allocate(2)
+    assert pool.cache(a, b"h-a") and pool.cache(b, b"h-b")
+    assert not pool.cache(pool.allocate(1)[0], b"h-a")  # same content already cached
+    assert pool.lookup(b"h-a") == a and pool.lookup(b"nope") == -1
+    pool.free([b, a])
+    assert pool.num_cached == 2 and pool.num_free == 2
+    # A hit takes the block back out of the free queue.
+    pool.acquire([a])
+    assert pool.ref_count(a) == 1 and pool.free_queue() == [b]
+    # Reusing a free cached block for new content evicts its entry.
+    assert pool.allocate(1) == [b]
+    assert pool.lookup(b"h-b") == -1 and pool.num_evictions == 1
+    with pytest.raises(RuntimeError, match="not cached"):
+        pool.acquire([b])
+    with pytest.raises(RuntimeError, match="cannot cache free"):
+        pool.free([b])
+        pool.cache(b, b"h-c")

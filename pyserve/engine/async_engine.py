@@ -1,0 +1,135 @@
+"""The engine on an asyncio (uvloop) event loop.
+
+The step loop is a task on the same loop as everything else: it schedules, prepares the
+batch, then awaits the forward pass and sampling, which run in one dedicated model thread
+(torch releases the GIL inside its kernels, so the loop keeps serving HTTP, tokenizing and
+detokenizing meanwhile); back on the loop it applies the results and hands each request's
+output to its stream. A thread rather than a native completion signal because the CPU
+kernels are synchronous calls; a CUDA stream event can replace it behind run().
+
+Request state is touched only on the loop. An abort that lands while a step runs frees the
+request's blocks at once; nothing can reuse them before the step ends, because only the loop
+schedules, after awaiting that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from pyserve.engine.core import EngineCore
+from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("pyserve")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's step failed; the request cannot complete."""
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._has_work = asyncio.Event()
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
+        self._task: asyncio.Task | None = None
+        # loop-busy accounting: time on the loop vs time awaiting the model, summed over steps
+        self.loop_busy_s = 0.0
+        self.model_wait_s = 0.0
+        self.num_steps = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="pyserve-steps")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._model_thread.shutdown(wait=True)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs; raises ValueError at once if it can never run.
+        Leaving the iteration early (break, cancellation, a client gone) aborts the request."""
+        self.start()
+        self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._has_work.set()
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.core.abort(request_id)
+
+    def is_active(self, request_id: str) -> bool:
+        """The request was added and its stream is still open."""
+        return request_id in self._streams
+
+    def abort(self, request_id: str) -> None:
+        self.core.abort(request_id)
+        queue = self._streams.get(request_id)
+        if queue is not None:  # end the stream with an "abort" finish
+            queue.put_nowait(RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], "abort")],
+                                           finished=True))
+
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.core.has_unfinished():
+                self._has_work.clear()
+                await self._has_work.wait()
+                continue
+            t0 = time.perf_counter()
+            batch = self.core.schedule()
+            if not batch:  # nothing fits this instant; let aborts and arrivals happen
+                await asyncio.sleep(0)
+                continue
+            prepared = self.core.prepare(batch)
+            t1 = time.perf_counter()
+            try:
+                sampled = await loop.run_in_executor(self._model_thread, self.core.run, prepared)
+            except Exception as exc:  # a failed step fails its requests, not the server
+                logger.exception("engine step failed")
+                self._fail(batch, exc)
+                continue
+            t2 = time.perf_counter()
+            for output in self.core.process(batch, sampled):
+                queue = self._streams.get(output.request_id)
+                if queue is not None:
+                    queue.put_nowait(output)
+            self.loop_busy_s += (t1 - t0) + (time.perf_counter() - t2)
+            self.model_wait_s += t2 - t1
+            self.num_steps += 1
+            await asyncio.sleep(0)  # let the loop breathe between steps
+
+    def _fail(self, batch, exc: Exception) -> None:
+        for s in batch:
+            request_id = s.request.request_id
+            self.core.abort(request_id)
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(EngineDeadError(f"engine step failed: {exc}"))
+
+    @property
+    def loop_busy_fraction(self) -> float:
+        total = self.loop_busy_s + self.model_wait_s
+        return self.loop_busy_s / total if total else 0.0

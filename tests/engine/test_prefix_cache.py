@@ -1,0 +1,78 @@
+"""Prefix caching through the engine: shared prompt prefixes reuse blocks, outputs do not
+change, eviction under pressure, and every block returns to the pool."""
+
+import pytest
+
+from pyserve import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+SYSTEM = ("You are a helpful assistant. Answer briefly and precisely. The quick brown fox jumps "
+          "over the lazy dog. ") * 6
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_factory):
+    return tiny_model_factory("qwen3")
+
+
+def prompts(tokenizer):
+    return [tokenizer.encode(SYSTEM + q) for q in ("Hello, world!", "Paris is", "0 1 2 3", "Tokyo")]
+
+
+def test_shared_prefix_reuses_blocks_and_keeps_outputs(model_dir):
+    on = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16)
+    off = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, enable_prefix_caching=False)
+    ids = prompts(on.get_tokenizer())
+    shared = min(len(p) for p in ids)
+    while any(p[:shared] != ids[0][:shared] for p in ids):
+        shared -= 1
+    shared_blocks = shared // 16
+    assert shared_blocks >= 4
+
+    kv = on.engine.kv
+    first = on.generate({"prompt_token_ids": ids[0]}, GREEDY)
+    assert kv.prefix_hits == 0
+    rest = on.generate([{"prompt_token_ids": p} for p in ids[1:]], GREEDY)
+    # the second request (and the others) found the shared full blocks cached
+    assert kv.prefix_hits >= 3 * shared_blocks * 16
+    assert kv.prefix_queries == sum(len(p) for p in ids)
+    reference = off.generate([{"prompt_token_ids": p} for p in ids], GREEDY)
+    assert [o.outputs[0].token_ids for o in first + rest] == [o.outputs[0].token_ids for o in reference]
+    assert off.engine.kv.prefix_hits == 0
+    for llm in (on, off):
+        assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_blocks_are_shared_by_reference_while_running(model_dir):
+    llm = LLM(str(model_dir), kv_cache_memory="16MiB")
+    engine = llm.engine
+    ids = prompts(llm.get_tokenizer())
+    engine.add_request("a", ids[0], GREEDY)
+    engine.step()  # a's prompt computed and its full blocks cached
+    engine.add_request("b", ids[1], GREEDY)
+    engine.step()
+    a, b = engine.scheduler.running
+    common = [x for x, y in zip(a.block_ids, b.block_ids) if x == y]
+    assert len(common) >= 4
+    assert all(engine.kv.pool.ref_count(block) == 2 for block in common)
+    engine.abort("a")
+    assert all(engine.kv.pool.ref_count(block) == 1 for block in common)
+    engine.abort("b")
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_eviction_under_pressure_and_preemption_keep_outputs(model_dir):
+    block_bytes = 2 * 2 * 2 * 32 * 16 * 4  # K+V x 2 layers x 2 KV heads x head 32 x 16 tokens x fp32
+    small = LLM(str(model_dir), kv_cache_memory=40 * block_bytes, max_model_len=512)
+    big = LLM(str(model_dir), kv_cache_memory="16MiB", enable_prefix_caching=False)
+    ids = prompts(small.get_tokenizer())
+    others = [small.get_tokenizer().encode(f"Numbers: {i} {i + 1} {i + 2} and more words") * 8
+              for i in range(4)]
+    batch = [{"prompt_token_ids": p} for p in ids + others + ids]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    got = small.generate(batch, params)
+    want = big.generate(batch, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    kv = small.engine.kv
+    assert kv.pool.num_evictions > 0
+    assert kv.num_free_blocks == kv.num_blocks
