@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded random sampling")
     g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="dummy: random weights from config.json")
+    g.add_argument("--max-logprobs", type=int, default=20,
+                   help="most logprobs / prompt_logprobs a request may ask for")
     g.add_argument("--download-dir", default=default_download_dir(),
                    help="cache for the default model and converted GGUF files")
 

@@ -28,6 +28,7 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     load_format: str = "auto"
+    max_logprobs: int = 20
     download_dir: str = field(default_factory=default_download_dir)
 
 
@@ -129,6 +130,7 @@ def validate(config: Config) -> None:
     need(s.scheduling_policy in SCHEDULING_POLICIES, "--scheduling-policy",
          f"must be one of {', '.join(SCHEDULING_POLICIES)}")
     need(m.max_model_len is None or m.max_model_len > 0, "--max-model-len", "must be positive")
+    need(m.max_logprobs >= 0, "--max-logprobs", "must be non-negative")
     need(c.block_size in (8, 16, 32, 64, 128), "--block-size", "must be one of 8, 16, 32, 64, 128")
     need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")

@@ -106,13 +106,13 @@ class AsyncEngine:
             prepared = self.core.prepare(batch)
             t1 = time.perf_counter()
             try:
-                sampled = await loop.run_in_executor(self._model_thread, self.core.run, prepared)
+                result = await loop.run_in_executor(self._model_thread, self.core.run, prepared)
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
                 self._fail(batch, exc)
                 continue
             t2 = time.perf_counter()
-            for output in self.core.process(batch, sampled):
+            for output in self.core.process(batch, result):
                 queue = self._streams.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)
@@ -122,8 +122,7 @@ class AsyncEngine:
             await asyncio.sleep(0)  # let the loop breathe between steps
 
     def _fail(self, batch, exc: Exception) -> None:
-        for s in batch:
-            request_id = s.request.request_id
+        for request_id in {s.request.group_id for s in batch}:
             self.core.abort(request_id)
             queue = self._streams.get(request_id)
             if queue is not None:

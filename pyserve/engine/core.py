@@ -12,16 +12,17 @@ import time
 import torch
 
 from pyserve.config import Config
-from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.engine.output import Logprob, RequestOutput
 from pyserve.engine.request import Request
-from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.engine.request_group import RequestGroup
+from pyserve.engine.sampling_params import SamplingParams
 from pyserve.engine.scheduler import ScheduledRequest, Scheduler
 from pyserve.engine.stop import append_token
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, allocate_kv_caches, bytes_per_block
 from pyserve.kv.manager import KVCacheManager
 from pyserve.model.errors import ModelLoadError
 from pyserve.model.loader import load_model, resolve_dtype
-from pyserve.model.runner import ModelRunner, PreparedBatch
+from pyserve.model.runner import ModelRunner, PreparedBatch, StepResult
 from pyserve.model.source import resolve_model
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 from pyserve.tokenizer.tokenizer import load_tokenizer
@@ -90,7 +91,7 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(model, kv_caches, block_size, self.device, config.model.seed)
         self._arrivals = itertools.count()
-        self._requests: dict[str, Request] = {}
+        self._groups: dict[str, RequestGroup] = {}
 
     def _eos_ids(self, source) -> tuple[int, ...]:
         ids = set(source.arch.eos_token_ids)
@@ -104,11 +105,8 @@ class EngineCore:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None, priority: int = 0) -> Request:
-        """Admits a request or raises ValueError saying why it can never run."""
-        if request_id in self._requests:
-            raise ValueError(f"request_id '{request_id}' is already in use")
+    def _check_admissible(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Raises ValueError naming what makes the request impossible; returns its max_tokens."""
         n = len(prompt_token_ids)
         if n == 0:
             raise ValueError("prompt is empty")
@@ -126,20 +124,47 @@ class EngineCore:
         if self.kv.blocks_for(n + max_tokens) > self.kv.num_blocks:
             raise ValueError(f"{n + max_tokens} tokens cannot fit in the whole KV cache "
                              f"({self.kv.num_blocks * self.kv.block_size} tokens)")
-        request = Request(request_id, prompt_token_ids, params, self.eos_token_ids, max_tokens,
-                          prompt=prompt, arrival=next(self._arrivals), priority=priority)
-        request.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop_strings,
-            params.include_stop_str_in_output)
-        self._requests[request_id] = request
-        self.scheduler.add(request)
-        return request
+        limit = self.config.model.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > limit:
+                raise ValueError(f"{name} must be at most {limit} (--max-logprobs), got {value}")
+        return max_tokens
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None, priority: int = 0) -> RequestGroup:
+        """Admits a request (n completions) or raises ValueError saying why it can never run."""
+        if request_id in self._groups:
+            raise ValueError(f"request_id '{request_id}' is already in use")
+        max_tokens = self._check_admissible(prompt_token_ids, params)
+        children = []
+        for index in range(params.n):
+            child_params = RequestGroup.child_params(params, index)
+            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
+            child = Request(child_id, prompt_token_ids, child_params, self.eos_token_ids,
+                            max_tokens, prompt=prompt, arrival=next(self._arrivals),
+                            priority=priority)
+            child.group_id, child.child_index = request_id, index
+            child.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop_strings,
+                params.include_stop_str_in_output)
+            children.append(child)
+        group = RequestGroup(request_id, children, staged=self.kv.enable_prefix_caching)
+        self._groups[request_id] = group
+        for child in children:
+            if child not in group.pending:
+                self.scheduler.add(child)
+        return group
 
     def abort(self, request_id: str) -> None:
-        request = self._requests.pop(request_id, None)
-        if request is not None and not request.finished:
-            request.finish("abort")
-            self.scheduler.finish(request)
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return
+        group.pending = []
+        for child in group.children:
+            if not child.finished:
+                child.finish("abort")
+                self.scheduler.finish(child)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -150,31 +175,61 @@ class EngineCore:
     def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         return self.runner.prepare(batch)
 
-    def run(self, prepared: PreparedBatch) -> list[int]:
+    def run(self, prepared: PreparedBatch) -> StepResult:
         return self.runner.run(prepared)
 
-    def process(self, batch: list[ScheduledRequest], sampled: list[int]) -> list[RequestOutput]:
+    def process(self, batch: list[ScheduledRequest], result: StepResult) -> list[RequestOutput]:
         """Applies a step's results; returns the outputs due (per each request's output_kind).
         Requests aborted while the step ran are skipped: their blocks are already free."""
-        tokens = iter(sampled)
+        self._record_prompt_logprobs(result.prompt_logprobs)
+        sampled = result.sampled
+        row = 0
         outputs = []
         for s in batch:
             request = s.request
-            token = next(tokens) if s.samples else None
+            if s.samples:
+                token, lp_row = sampled.token_ids[row], row
+                row += 1
+            else:
+                token = None
             if request.finished:
                 continue
             request.num_computed_tokens += s.num_new_tokens
             self.kv.cache_full_blocks(request)
+            group = self._groups[request.group_id]
+            for sibling in group.release_pending():
+                self.scheduler.add(sibling)
             if token is None:
                 continue
+            if request.logprobs is not None:
+                request.logprobs.append(_position_logprobs(sampled.logprobs, lp_row, token,
+                                                           request.params.logprobs))
             append_token(request, token, self.max_model_len)
             if request.finished:
                 self.scheduler.finish(request)
-                del self._requests[request.request_id]
-            output = self._output(request)
+                for sibling in group.release_pending():
+                    self.scheduler.add(sibling)
+            output = group.output(request, self.tokenizer)
+            if group.finished:
+                del self._groups[group.request_id]
             if output is not None:
                 outputs.append(output)
         return outputs
+
+    def _record_prompt_logprobs(self, results) -> None:
+        for r in results:
+            group = self._groups.get(r.request_id)
+            if group is None or group.prompt_logprobs is None:
+                continue
+            prompt = group.children[0].prompt_token_ids
+            for i, value in enumerate(r.target_logprobs):
+                position = r.first_position + i
+                if position != len(group.prompt_logprobs):  # recomputed after a preemption
+                    continue
+                entry = {prompt[position]: Logprob(value, r.target_ranks[i])}
+                for rank, (token, alt) in enumerate(zip(r.top_ids[i], r.top_logprobs[i]), 1):
+                    entry.setdefault(token, Logprob(alt, rank))
+                group.prompt_logprobs.append(entry)
 
     def step(self) -> list[RequestOutput]:
         batch = self.schedule()
@@ -182,16 +237,10 @@ class EngineCore:
             return []
         return self.process(batch, self.run(self.prepare(batch)))
 
-    def _output(self, request: Request) -> RequestOutput | None:
-        kind = request.params.output_kind
-        if kind is RequestOutputKind.FINAL_ONLY and not request.finished:
-            return None
-        delta = request.detokenizer.new_text(request.finished)
-        if kind is RequestOutputKind.DELTA:
-            text, ids = delta, request.output_token_ids[request.num_sent_tokens:]
-        else:
-            text, ids = request.detokenizer.emitted_text, list(request.output_token_ids)
-        request.num_sent_tokens = len(request.output_token_ids)
-        completion = CompletionOutput(0, text, ids, request.finish_reason, request.stop_reason)
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
-                             [completion], finished=request.finished)
+
+def _position_logprobs(sampled, row: int, token: int, k: int) -> dict:
+    """The chosen token first, then the top-k alternatives, each with its rank."""
+    entry = {token: Logprob(sampled.token_logprobs[row], sampled.token_ranks[row])}
+    for rank, (alt, value) in enumerate(zip(sampled.top_ids[row][:k], sampled.top_logprobs[row][:k]), 1):
+        entry.setdefault(alt, Logprob(value, rank))
+    return entry

@@ -6,12 +6,24 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    logprob: float
+    rank: int  # 1 = the most likely token
+    decoded_token: str | None = None
+
+
+# One position's logprobs: token id -> Logprob, the chosen token first, then the top-k.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    logprobs: list[PositionLogprobs] | None = None
 
 
 @dataclass
@@ -21,3 +33,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    prompt_logprobs: list[PositionLogprobs | None] | None = None

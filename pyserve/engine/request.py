@@ -40,6 +40,10 @@ class Request:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.detokenizer = None  # IncrementalDetokenizer, set by the engine core
+        self.group_id = request_id  # the client's request id (n > 1: shared by the children)
+        self.child_index = 0
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs_sent = False
         self.num_sent_tokens = 0  # output tokens already handed out (streaming)
         self.num_preemptions = 0
         self.generator = (torch.Generator().manual_seed(params.seed)

@@ -19,6 +19,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: all tokens
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to the model length
     min_tokens: int = 0
@@ -27,6 +31,8 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None  # the sampled token's logprob plus this many top alternatives
+    prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
@@ -36,6 +42,11 @@ class SamplingParams:
         else:
             self.stop_strings = tuple(self.stop or ())
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias:  # JSON object keys arrive as strings
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise ValueError("logit_bias must map token ids to numbers") from None
         self._validate()
 
     def _validate(self) -> None:
@@ -43,7 +54,7 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"{name} {message}")
 
-        need(self.n == 1, "n", "must be 1 (several choices per request come with the full sampler)")
+        need(isinstance(self.n, int) and self.n >= 1, "n", f"must be at least 1, got {self.n}")
         need(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
@@ -57,7 +68,24 @@ class SamplingParams:
              "must be a non-empty string or a list of them")
         need(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              "must be a list of non-negative token ids")
+        need(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}")
+        need(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}")
+        need(self.repetition_penalty > 0.0, "repetition_penalty",
+             f"must be positive, got {self.repetition_penalty}")
+        need(all(-100.0 <= b <= 100.0 for b in (self.logit_bias or {}).values()), "logit_bias",
+             "values must be in [-100, 100]")
+        need(self.logprobs is None or self.logprobs >= 0, "logprobs",
+             f"must be non-negative, got {self.logprobs}")
+        need(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             f"must be non-negative, got {self.prompt_logprobs}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)

@@ -30,8 +30,8 @@ class KVCacheManager:
     def _cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding the request's leading full blocks. The last token is never
         taken from the cache: its logits are needed to sample."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position computed
         usable = (request.num_tokens - 1) // self.block_size
         extend_block_hashes(request.block_hashes, request.token_ids(), self.block_size,
                             usable * self.block_size)

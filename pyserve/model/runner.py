@@ -4,13 +4,34 @@ it touches only the prepared tensors, the model and the sampling requests' gener
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from pyserve.engine.scheduler import ScheduledRequest
 from pyserve.model.layers.attention import AttentionMetadata
-from pyserve.model.sampler import sample
+from pyserve.model.sampler import SamplerOutput, SamplingMetadata, build_metadata, sample
+
+
+@dataclass
+class PromptLogprobsRequest:
+    """Rows of this step whose logits score the request's next prompt token."""
+
+    request_id: str  # the client's (group) id
+    rows: list[int]
+    targets: list[int]
+    k: int
+    first_position: int  # prompt position of the first target
+
+
+@dataclass
+class PromptLogprobs:
+    request_id: str
+    first_position: int
+    target_logprobs: list[float]
+    target_ranks: list[int]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
 
 
 @dataclass
@@ -19,7 +40,14 @@ class PreparedBatch:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows of the hidden states whose logits are sampled
-    sampling: list  # the requests sampled, in row order
+    sampling: SamplingMetadata | None
+    prompt_logprobs: list[PromptLogprobsRequest] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    sampled: SamplerOutput | None
+    prompt_logprobs: list[PromptLogprobs]
 
 
 class ModelRunner:
@@ -29,11 +57,13 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.vocab_size = model.arch.vocab_size
         self.generator = torch.Generator().manual_seed(seed)  # for requests without a seed
 
     def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
+        prompt_lp = []
         max_blocks = max(len(s.request.block_ids) for s in batch)
         tables = torch.zeros(len(batch), max_blocks, dtype=torch.int32)
         for row, s in enumerate(batch):
@@ -44,6 +74,13 @@ class ModelRunner:
             positions.extend(range(first, last))
             blocks = r.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(first, last))
+            if r.params.prompt_logprobs is not None:
+                scored = range(first, min(last, len(r.prompt_token_ids) - 1))
+                if scored:
+                    prompt_lp.append(PromptLogprobsRequest(
+                        r.group_id, [starts[-1] + p - first for p in scored],
+                        [r.prompt_token_ids[p + 1] for p in scored], r.params.prompt_logprobs,
+                        scored.start + 1))
             starts.append(starts[-1] + s.num_new_tokens)
             seq_lens.append(last)
             tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
@@ -56,16 +93,30 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
         )
-        return PreparedBatch(torch.tensor(input_ids, dtype=torch.int64, device=dev),
-                             torch.tensor(positions, dtype=torch.int64, device=dev), meta,
-                             torch.tensor(sample_rows, dtype=torch.int64, device=dev),
-                             [s.request for s in batch if s.samples])
+        sampling_requests = [s.request for s in batch if s.samples]
+        return PreparedBatch(
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev), meta,
+            torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            build_metadata(sampling_requests, self.vocab_size, dev) if sampling_requests else None,
+            prompt_lp)
 
     @torch.inference_mode()
-    def run(self, batch: PreparedBatch) -> list[int]:
-        """Forward and sampling; one sampled id per sampling request, in order."""
+    def run(self, batch: PreparedBatch) -> StepResult:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        if not batch.sampling:
-            return []
-        logits = self.model.compute_logits(hidden[batch.sample_rows]).float().cpu()
-        return sample(logits, batch.sampling, self.generator)
+        sampled = None
+        if batch.sampling is not None:
+            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+            sampled = sample(logits, batch.sampling, self.generator)
+        return StepResult(sampled, [self._prompt_logprobs(hidden, p) for p in batch.prompt_logprobs])
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, req: PromptLogprobsRequest) -> PromptLogprobs:
+        logprobs = self.model.compute_logits(hidden[req.rows]).float().log_softmax(dim=-1)
+        targets = torch.tensor(req.targets, device=logprobs.device)[:, None]
+        picked = logprobs.gather(1, targets)
+        ranks = (logprobs > picked).sum(dim=-1) + 1
+        top = logprobs.topk(req.k, dim=-1) if req.k > 0 else None
+        n = len(req.rows)
+        return PromptLogprobs(req.request_id, req.first_position, picked[:, 0].tolist(), ranks.tolist(),
+                              top.indices.tolist() if top else [[]] * n,
+                              top.values.tolist() if top else [[]] * n)

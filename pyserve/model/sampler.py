@@ -1,51 +1,162 @@
-"""Next-token choice from a step's logits: greedy (argmax) or random with temperature,
-top-k, top-p and min-p, each request drawing from its own seeded generator when it has one."""
+"""Next-token choice for a batch, on the logits' device, in vLLM's order:
+
+  raw logprobs (for `logprobs`) <- log_softmax(logits)
+  logits += logit_bias; EOS/stop tokens banned below min_tokens
+  penalties: repetition (prompt + output tokens), frequency and presence (output tokens)
+  greedy rows: argmax
+  random rows: / temperature -> top-k -> top-p -> softmax -> min-p -> sample
+
+Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)), which draws exactly from
+p; a seeded request draws its E from its own generator, so its tokens do not depend on what
+else is in the batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from pyserve.engine.request import Request
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [S], 1.0 on greedy rows
+    greedy: torch.Tensor  # [S] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [S] int, vocab size where off
+    top_p: torch.Tensor | None  # [S]
+    min_p: torch.Tensor | None  # [S]
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values
+    penalties: tuple | None  # presence [S], frequency [S], repetition [S], output counts [S, V], seen [S, V]
+    generators: list[torch.Generator | None]
+    max_num_logprobs: int  # -1: no row wants logprobs
 
 
-def _mask_unreached_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
-    """Below min_tokens, EOS and stop tokens cannot be chosen (vLLM's rule)."""
+def _counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width + 1), vocab, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+    counts = torch.zeros(len(rows), vocab + 1)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+def build_metadata(requests: list, vocab: int, device: torch.device) -> SamplingMetadata:
+    """On the event loop: plain per-request parameters -> batched tensors."""
+    params = [r.params for r in requests]
+    f32 = dict(dtype=torch.float32, device=device)
+    greedy = [p.greedy for p in params]
+    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    bias_rows, bias_ids, bias_values = [], [], []
     for row, r in enumerate(requests):
+        for token, value in (r.params.logit_bias or {}).items():
+            if 0 <= token < vocab:
+                bias_rows.append(row), bias_ids.append(token), bias_values.append(value)
         if len(r.output_token_ids) < r.params.min_tokens:
-            banned = [t for t in (*r.eos_token_ids, *r.params.stop_token_ids) if t < logits.shape[1]]
-            if banned:
-                logits[row, banned] = float("-inf")
+            for token in (*r.eos_token_ids, *r.params.stop_token_ids):
+                if token < vocab:
+                    bias_rows.append(row), bias_ids.append(token), bias_values.append(float("-inf"))
+    penalties = None
+    if any(p.penalized for p in params):
+        outputs = _counts([r.output_token_ids for r in requests], vocab)
+        seen = (outputs + _counts([r.prompt_token_ids for r in requests], vocab)) > 0
+        penalties = (torch.tensor([p.presence_penalty for p in params], **f32),
+                     torch.tensor([p.frequency_penalty for p in params], **f32),
+                     torch.tensor([p.repetition_penalty for p in params], **f32),
+                     outputs.to(device), seen.to(device))
+    return SamplingMetadata(
+        temperature=torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], **f32),
+        greedy=torch.tensor(greedy, device=device),
+        all_greedy=all(greedy),
+        top_k=torch.tensor(top_k, device=device) if any(k < vocab for k in top_k) else None,
+        top_p=(torch.tensor([p.top_p for p in params], **f32)
+               if any(p.top_p < 1.0 for p in params) else None),
+        min_p=(torch.tensor([p.min_p for p in params], **f32)
+               if any(p.min_p > 0.0 for p in params) else None),
+        bias=(torch.tensor(bias_rows, device=device), torch.tensor(bias_ids, device=device),
+              torch.tensor(bias_values, **f32)) if bias_rows else None,
+        penalties=penalties,
+        generators=[r.generator for r in requests],
+        max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
+    )
 
 
-def _filtered_probs(logits: torch.Tensor, r: Request) -> torch.Tensor:
-    p = r.params
-    logits = logits / p.temperature
-    if p.top_k > 0 and p.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if p.min_p > 0.0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(-1)
-        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
-        drop = cumulative - sorted_probs >= p.top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return probs
+@dataclass
+class SampledLogprobs:
+    token_logprobs: list[float]  # the chosen token's logprob, per row
+    token_ranks: list[int]
+    top_ids: list[list[int]]  # per row, max_num_logprobs alternatives
+    top_logprobs: list[list[float]]
 
 
-def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:
-    """logits: [len(requests), vocab] float32 -> one token id per request."""
-    _mask_unreached_min_tokens(logits, requests)
-    greedy = logits.argmax(dim=-1).tolist()
-    out = []
-    for row, r in enumerate(requests):
-        if r.params.greedy:
-            out.append(greedy[row])
-            continue
-        probs = _filtered_probs(logits[row], r)
-        token = torch.multinomial(probs, 1, generator=r.generator or generator)
-        out.append(int(token))
-    return out
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: SampledLogprobs | None
+
+
+def _apply_penalties(logits: torch.Tensor, penalties) -> torch.Tensor:
+    presence, frequency, repetition, counts, seen = penalties
+    rep = repetition[:, None].expand_as(logits)
+    scaled = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, scaled, logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if top_k is not None:
+        positions = torch.arange(logits.shape[-1], device=logits.device)
+        sorted_logits = sorted_logits.masked_fill(positions[None, :] >= top_k[:, None], float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above
+        drop = before >= top_p[:, None]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _exponential_noise(probs: torch.Tensor, generators, default: torch.Generator) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if unseeded:
+        noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
+            generator=default)
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i].exponential_(generator=g)
+    return noise
+
+
+def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> SampledLogprobs:
+    logprobs = raw.log_softmax(dim=-1)
+    picked = logprobs.gather(1, chosen[:, None])
+    ranks = (logprobs > picked).sum(dim=-1) + 1
+    top = logprobs.topk(k, dim=-1) if k > 0 else None
+    return SampledLogprobs(picked[:, 0].tolist(), ranks.tolist(),
+                           top.indices.tolist() if top else [[] for _ in range(len(chosen))],
+                           top.values.tolist() if top else [[] for _ in range(len(chosen))])
+
+
+def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:
+    """logits: [S, vocab] float32 -> one token per row (and logprobs if asked)."""
+    raw = logits
+    if meta.bias is not None:
+        rows, ids, values = meta.bias
+        logits = logits.index_put((rows, ids), values, accumulate=True)
+    if meta.penalties is not None:
+        logits = _apply_penalties(logits, meta.penalties)
+    chosen = logits.argmax(dim=-1)
+    if not meta.all_greedy:
+        scaled = logits / meta.temperature[:, None]
+        if meta.top_k is not None or meta.top_p is not None:
+            scaled = _top_k_top_p(scaled, meta.top_k, meta.top_p)
+        probs = scaled.softmax(dim=-1)
+        if meta.min_p is not None:
+            floor = meta.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < floor, 0.0)
+        drawn = (probs / _exponential_noise(probs, meta.generators, default)).argmax(dim=-1)
+        chosen = torch.where(meta.greedy, chosen, drawn)
+    logprobs = _logprobs(raw, chosen, meta.max_num_logprobs) if meta.max_num_logprobs >= 0 else None
+    return SamplerOutput(chosen.tolist(), logprobs)

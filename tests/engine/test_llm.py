@@ -95,6 +95,9 @@ def test_refusals_name_the_problem(llm):
 
 @pytest.mark.parametrize("kwargs,field", [
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
+    (dict(n=0), "n"), (dict(presence_penalty=3), "presence_penalty"),
+    (dict(frequency_penalty=-2.5), "frequency_penalty"), (dict(repetition_penalty=0), "repetition_penalty"),
+    (dict(logit_bias={5: 200}), "logit_bias"), (dict(logprobs=-1), "logprobs"),
     (dict(max_tokens=0), "max_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
     (dict(stop=[""]), "stop"), (dict(stop_token_ids=[-1]), "stop_token_ids"),
 ])
