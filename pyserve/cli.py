@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=2048,
                    help="most tokens in one step (prefill chunks plus decodes)")
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
+    g.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between engine summary log lines while busy (0: off)")
 
     g = parser.add_argument_group("parallelism and device")
     g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)

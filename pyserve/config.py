@@ -45,6 +45,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     scheduling_policy: str = "fcfs"
+    log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
 
 
 @dataclass(frozen=True)

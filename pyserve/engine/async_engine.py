@@ -42,6 +42,9 @@ class AsyncEngine:
         self.loop_busy_s = 0.0
         self.model_wait_s = 0.0
         self.num_steps = 0
+        self._log_interval = core.config.scheduler.log_stats_interval
+        self._last_log = time.monotonic()
+        self._last_tokens = (0, 0)
 
     def start(self) -> None:
         if self._task is None:
@@ -119,7 +122,23 @@ class AsyncEngine:
             self.loop_busy_s += (t1 - t0) + (time.perf_counter() - t2)
             self.model_wait_s += t2 - t1
             self.num_steps += 1
+            self._maybe_log_stats()
             await asyncio.sleep(0)  # let the loop breathe between steps
+
+    def _maybe_log_stats(self) -> None:
+        t = time.monotonic()
+        if self._log_interval <= 0 or t - self._last_log < self._log_interval:
+            return
+        snap = self.core.snapshot()
+        prompt, gen = snap["prompt_tokens_total"], snap["generation_tokens_total"]
+        elapsed = t - self._last_log
+        logger.info(
+            "engine: %.1f prompt tok/s, %.1f generation tok/s, running %d, waiting %d, KV %.1f%%, "
+            "prefix-cache hit rate %.1f%%, preemptions %d, loop busy %.1f%%",
+            (prompt - self._last_tokens[0]) / elapsed, (gen - self._last_tokens[1]) / elapsed,
+            snap["num_running"], snap["num_waiting"], 100 * snap["kv_usage"],
+            100 * snap["prefix_cache_hit_rate"], snap["num_preemptions"], 100 * self.loop_busy_fraction)
+        self._last_log, self._last_tokens = t, (prompt, gen)
 
     def _fail(self, batch, exc: Exception) -> None:
         for request_id in {s.request.group_id for s in batch}:

@@ -17,6 +17,7 @@ from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
 from pyserve.engine.sampling_params import SamplingParams
 from pyserve.engine.scheduler import ScheduledRequest, Scheduler
+from pyserve.engine.stats import EngineStats, now
 from pyserve.engine.stop import append_token
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, allocate_kv_caches, bytes_per_block
 from pyserve.kv.manager import KVCacheManager
@@ -92,6 +93,7 @@ class EngineCore:
         self.runner = ModelRunner(model, kv_caches, block_size, self.device, config.model.seed)
         self._arrivals = itertools.count()
         self._groups: dict[str, RequestGroup] = {}
+        self.stats = EngineStats()
 
     def _eos_ids(self, source) -> tuple[int, ...]:
         ids = set(source.arch.eos_token_ids)
@@ -170,7 +172,11 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def schedule(self) -> list[ScheduledRequest]:
-        return self.scheduler.schedule()
+        batch = self.scheduler.schedule()
+        t = now()
+        for s in batch:
+            self.stats.on_scheduled(s.request, t)
+        return batch
 
     def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         return self.runner.prepare(batch)
@@ -184,6 +190,7 @@ class EngineCore:
         self._record_prompt_logprobs(result.prompt_logprobs)
         sampled = result.sampled
         row = 0
+        t = now()
         outputs = []
         for s in batch:
             request = s.request
@@ -205,7 +212,9 @@ class EngineCore:
                 request.logprobs.append(_position_logprobs(sampled.logprobs, lp_row, token,
                                                            request.params.logprobs))
             append_token(request, token, self.max_model_len)
+            self.stats.on_token(request, t)
             if request.finished:
+                self.stats.finished_requests += 1
                 self.scheduler.finish(request)
                 for sibling in group.release_pending():
                     self.scheduler.add(sibling)
@@ -230,6 +239,25 @@ class EngineCore:
                 for rank, (token, alt) in enumerate(zip(r.top_ids[i], r.top_logprobs[i]), 1):
                     entry.setdefault(token, Logprob(alt, rank))
                 group.prompt_logprobs.append(entry)
+
+    def snapshot(self) -> dict:
+        """The figures a server exposes: queue sizes, cache use, totals and latencies."""
+        kv, st = self.kv, self.stats
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": kv.num_blocks,
+            "kv_blocks_free": kv.num_free_blocks,
+            "kv_usage": 1.0 - kv.num_free_blocks / kv.num_blocks,
+            "prefix_cache_queries": kv.prefix_queries,
+            "prefix_cache_hits": kv.prefix_hits,
+            "prefix_cache_hit_rate": kv.hit_rate,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prompt_tokens_total": st.prompt_tokens,
+            "generation_tokens_total": st.generation_tokens,
+            "finished_requests": st.finished_requests,
+            **st.summary(),
+        }
 
     def step(self) -> list[RequestOutput]:
         batch = self.schedule()

@@ -7,6 +7,7 @@ logits sample the next token. There are no separate prefill and decode phases.""
 from __future__ import annotations
 
 import enum
+import time
 
 import torch
 
@@ -44,6 +45,9 @@ class Request:
         self.child_index = 0
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.prompt_logprobs_sent = False
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.last_token_time: float | None = None
         self.num_sent_tokens = 0  # output tokens already handed out (streaming)
         self.num_preemptions = 0
         self.generator = (torch.Generator().manual_seed(params.seed)

@@ -2,6 +2,7 @@
 add up, aborts at any point, and a loop that stays responsive while the model runs."""
 
 import asyncio
+import logging
 import dataclasses
 
 import pytest
@@ -44,12 +45,14 @@ async def collect(engine, tokenizer, prompt, params, request_id, delay=0.0):
     return text, ids, finish
 
 
-def test_staggered_concurrent_requests_match_running_alone(model_dir, alone):
+def test_staggered_concurrent_requests_match_running_alone(model_dir, alone, caplog):
     from pyserve.config import Config
+
+    caplog.set_level(logging.INFO, logger="pyserve")
 
     async def main():
         core = EngineCore(Config.from_flat(model=str(model_dir), kv_cache_memory="16MiB",
-                                           max_num_batched_tokens=16))
+                                           max_num_batched_tokens=16, log_stats_interval=0.001))
         engine = AsyncEngine(core)
         tok = core.tokenizer
         results = await asyncio.gather(*(
@@ -64,6 +67,11 @@ def test_staggered_concurrent_requests_match_running_alone(model_dir, alone):
         assert finish == "length"
     assert core.kv.num_free_blocks == core.kv.num_blocks
     assert 0.0 < engine.loop_busy_fraction < 1.0
+    snap = core.snapshot()
+    assert snap["finished_requests"] == len(PROMPTS) and snap["num_running"] == 0
+    assert snap["generation_tokens_total"] == sum(len(ids) for _, ids, _ in results)
+    assert snap["ttft_p50_s"] > 0 and snap["itl_p50_s"] > 0 and len(core.stats.ttft_s) == len(PROMPTS)
+    assert any("generation tok/s" in r.getMessage() for r in caplog.records)
 
 
 def test_aborts_at_any_point_free_everything_and_spare_the_others(model_dir, alone):
