@@ -31,6 +31,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Accepted as vLLM accepts it; pyserve loads fast tokenizers only, which (as in vLLM's fast
+    # incremental detokenizer) join kept special tokens without inserting spaces.
+    spaces_between_special_tokens: bool = True
     logprobs: int | None = None  # the sampled token's logprob plus this many top alternatives
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE

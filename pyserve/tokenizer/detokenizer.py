@@ -1,15 +1,16 @@
 """Incremental detokenization with stop strings.
 
-Text grows one token at a time through the tokenizers library's DecodeStream, which emits
-nothing until a token completes a UTF-8 character, so multi-byte characters split across
-tokens never come out broken. Stop strings are searched only where new text could complete
+Text grows one token at a time by decoding a short sliding window of ids twice: the window up
+to the last emitted token, and the window including the new ones; the difference is the new
+text. Nothing is emitted while the decode ends in U+FFFD (a UTF-8 character still split across
+tokens, byte-level BPE or SentencePiece byte fallback), so characters never come out broken,
+and the window gives each token its left context (leading spaces of SentencePiece pieces).
+(tokenizers' DecodeStream drops byte-fallback characters, hence this classic scheme.) Stop strings are searched only where new text could complete
 one, and the last (longest stop string - 1) characters are held back from streaming while the
 request runs, so streamed text never shows a stop string unless it was asked for. The final
 text is exactly the concatenation of everything streamed."""
 
 from __future__ import annotations
-
-from tokenizers.decoders import DecodeStream
 
 # Prompt tokens fed to the stream first, so the first output token is decoded in context
 # (leading spaces of SentencePiece pieces, byte-level merges).
@@ -24,8 +25,10 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool,
                  stop_strings: tuple[str, ...] = (), include_stop_str_in_output: bool = False):
         self._backend = backend_tokenizer(tokenizer)
-        self._stream = DecodeStream(ids=list(prompt_token_ids[-_CONTEXT_TOKENS:]),
-                                    skip_special_tokens=skip_special_tokens)
+        self._skip_special = skip_special_tokens
+        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self._prefix_offset = 0  # window start: context for the next decode
+        self._read_offset = len(self._ids)  # ids before this are already in self.text
         self._stop_strings = stop_strings
         self._include_stop = include_stop_str_in_output
         self._holdback = max((len(s) for s in stop_strings), default=1) - 1
@@ -35,7 +38,7 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int, check_stop: bool = True) -> str | None:
         """Appends token_id's text; returns the stop string it completed, if any (the text is
         then cut before it, or after it with include_stop_str_in_output)."""
-        piece = self._stream.step(self._backend, token_id)
+        piece = self._next_piece(token_id)
         if not piece:
             return None
         start = max(0, len(self.text) - self._holdback)
@@ -49,6 +52,16 @@ class IncrementalDetokenizer:
         at, stop = min(hits)
         self.text = self.text[: at + len(stop)] if self._include_stop else self.text[:at]
         return stop
+
+    def _next_piece(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        decode = self._backend.decode
+        before = decode(self._ids[self._prefix_offset:self._read_offset], self._skip_special)
+        after = decode(self._ids[self._prefix_offset:], self._skip_special)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return after[len(before):]
 
     def new_text(self, finished: bool) -> str:
         """Text not yet handed out; while running, keeps back what could start a stop string."""

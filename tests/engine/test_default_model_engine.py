@@ -88,3 +88,44 @@ def test_seeded_requests_repeat(default_model_dir):
     first = [o.outputs[0].token_ids for o in llm.generate(prompts()[:6], params)]
     second = [o.outputs[0].token_ids for o in llm.generate(prompts()[:6][::-1], params[::-1])][::-1]
     assert first == second
+
+
+def test_streamed_deltas_add_up_for_non_ascii_prompts(default_model_dir):
+    from pyserve.config import Config
+    from pyserve.engine.core import EngineCore
+
+    texts = ["Traduis en français : « Le café est très chaud ». Réponds en français.",
+             "日本語で短い詩を書いてください。",
+             "Напиши одно предложение о зиме. 🎄❄️",
+             "Write three emoji that describe the sea, then explain them: 🌊🐚"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, output_kind=RequestOutputKind.DELTA,
+                            stop=["\n\n"])
+
+    async def main():
+        core = EngineCore(Config.from_flat(model=str(default_model_dir)))
+        engine = AsyncEngine(core)
+        tok = core.tokenizer
+
+        async def one(i, text):
+            ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                          add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            deltas, tokens = [], []
+            async for out in engine.generate(ids, params, f"r{i}"):
+                deltas.append(out.outputs[0].text)
+                tokens += out.outputs[0].token_ids
+            return deltas, tokens
+
+        results = await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+        await engine.shutdown()
+        return tok, results
+
+    tok, results = uvloop.run(main())
+    non_ascii = 0
+    for deltas, tokens in results:
+        text = "".join(deltas)
+        assert all("\ufffd" not in d for d in deltas)
+        decoded = tok.decode(tokens, skip_special_tokens=True)
+        assert decoded.startswith(text) and "\n\n" not in text
+        non_ascii += any(ord(c) > 127 for c in text)
+    assert non_ascii >= 2

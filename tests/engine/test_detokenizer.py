@@ -2,6 +2,8 @@
 across tokens never comes out broken, deltas add up to the final text, and stop strings never
 leak into streamed text."""
 
+import json
+
 import pytest
 
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -53,3 +55,38 @@ def test_special_tokens_skipped_or_kept(tokenizer):
         keep.add_token(i)
     assert skip.text == "Hi"
     assert keep.text == "Hi" + tokenizer.eos_token
+
+
+def test_sentencepiece_style_tokenizer(tmp_path):
+    """A Metaspace (SentencePiece-style, '▁' for spaces, byte fallback) tokenizer: streamed
+    deltas, including the first output token's leading space, add up to the full decode."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *bytes_])
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20, TEXTS[0]], trainer)
+    # byte-fallback pieces are ordinary tokens in SentencePiece vocabularies, not special ones
+    spec = json.loads(tok.to_str())
+    for added in spec["added_tokens"]:
+        added["special"] = added["content"] in ("<unk>", "<s>", "</s>")
+    tok = Tokenizer.from_str(json.dumps(spec))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    for text in ["the lazy dog jumps", TEXTS[0], "ümlaut ✓ the fox"]:
+        prompt = fast.encode("the quick")
+        ids = fast.encode(text)
+        detok = IncrementalDetokenizer(fast, prompt, skip_special_tokens=True)
+        out = ""
+        for i in ids:
+            detok.add_token(i)
+            piece = detok.new_text(finished=False)
+            assert "\ufffd" not in piece
+            out += piece
+        out += detok.new_text(finished=True)
+        # in context after the prompt, the first piece keeps its leading space
+        assert out.strip() == fast.decode(ids).strip() == text
