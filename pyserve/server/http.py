@@ -1,0 +1,286 @@
+"""HTTP/1.1 on asyncio: one HTTPProtocol per connection, httptools for parsing.
+
+Each httptools callback does one small thing. Parsed requests queue up (pipelining) and are
+answered strictly in order by one task per connection. A handler returns a Response, or a
+StreamingResponse whose chunks are written as they come; writing a chunk waits while the
+transport's buffer is above its high-water mark, so a slow reader pauses only its own stream.
+When the peer goes away the running handler is cancelled at once, which is how a request
+in the engine gets aborted.
+
+Limits: headers over limits.max_header_bytes -> 431, a body over limits.max_body_bytes -> 413,
+malformed HTTP -> 400; each closes the connection. Timeouts: a request whose headers have not
+arrived within header_timeout_s, or an idle keep-alive connection after keepalive_timeout_s,
+is closed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+import httptools
+import orjson
+
+logger = logging.getLogger("pyserve.http")
+_MAX_PIPELINED = 16  # parsed requests waiting on one connection before reading pauses
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = 32 * 1024 * 1024
+    header_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 5.0
+
+
+@dataclass
+class Request:
+    method: str
+    target: str  # the raw request target (path and query)
+    headers: dict[str, str]  # lower-cased names; repeated headers joined with ", "
+    body: bytes = b""
+    keep_alive: bool = True
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "application/json"
+
+
+@dataclass
+class StreamingResponse:
+    status: int
+    chunks: AsyncIterator[bytes]
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "text/event-stream"
+
+
+Handler = Callable[[Request], Awaitable[Response | StreamingResponse]]
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+
+
+def _head(status: int, headers: list[tuple[str, str]], keep_alive: bool) -> bytes:
+    lines = [_status_line(status)]
+    lines += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers]
+    lines.append(b"connection: keep-alive\r\n\r\n" if keep_alive else b"connection: close\r\n\r\n")
+    return b"".join(lines)
+
+
+class _FlowControl:
+    """Write readiness of one transport (asyncio's pause_writing / resume_writing)."""
+
+    def __init__(self):
+        self._ready = asyncio.Event()
+        self._ready.set()
+
+    def pause(self) -> None:
+        self._ready.clear()
+
+    def resume(self) -> None:
+        self._ready.set()
+
+    async def drain(self) -> None:
+        await self._ready.wait()
+
+
+class HTTPProtocol(asyncio.Protocol):
+    def __init__(self, handler: Handler, limits: HTTPLimits = HTTPLimits(),
+                 error_body: Callable[[int, str], bytes] | None = None):
+        self._handler = handler
+        self._limits = limits
+        self._error_body = error_body or _json_error
+        self._loop = asyncio.get_event_loop()
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._flow = _FlowControl()
+        self._queue: deque[Request] = deque()
+        self._worker: asyncio.Task | None = None
+        self._closing = False
+        self._timer: asyncio.TimerHandle | None = None
+        # the message being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._header_bytes = 0
+        self._body = bytearray()
+        self._current: Request | None = None
+
+    # -- connection ---------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._arm_timer(self._limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._cancel_timer()
+        self._flow.resume()
+        for request in self._queue:
+            request.disconnected.set()
+        if self._current is not None:
+            self._current.disconnected.set()
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+
+    def pause_writing(self) -> None:
+        self._flow.pause()
+
+    def resume_writing(self) -> None:
+        self._flow.resume()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            if not self._closing:
+                self._fail(400, f"malformed HTTP request: {exc}")
+
+    # -- httptools callbacks ---------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._header_bytes, self._body = b"", [], 0, bytearray()
+        self._arm_timer(self._limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_header_bytes(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+        self._count_header_bytes(len(name) + len(value) + 4)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_timer()
+        headers: dict[str, str] = {}
+        for name, value in self._headers:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
+            self._fail(413, f"request body over {self._limits.max_body_bytes} bytes")
+            raise httptools.HttpParserError("body too large")
+        self._current = Request(self._parser.get_method().decode("latin-1"),
+                                self._url.decode("latin-1"), headers,
+                                keep_alive=self._parser.should_keep_alive())
+        if headers.get("expect", "").lower() == "100-continue":
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+        if len(self._body) > self._limits.max_body_bytes:
+            self._fail(413, f"request body over {self._limits.max_body_bytes} bytes")
+            raise httptools.HttpParserError("body too large")
+
+    def on_message_complete(self) -> None:
+        request, self._current = self._current, None
+        request.body = bytes(self._body)
+        self._queue.append(request)
+        if len(self._queue) >= _MAX_PIPELINED and not self._closing:
+            self._transport.pause_reading()  # a client pipelining ahead waits for answers
+        if self._worker is None or self._worker.done():
+            self._worker = self._loop.create_task(self._serve_queue())
+
+    # -- answering -------------------------------------------------------------------------------
+    async def _serve_queue(self) -> None:
+        while self._queue and not self._closing:
+            request = self._queue.popleft()
+            if len(self._queue) == _MAX_PIPELINED - 1:
+                self._transport.resume_reading()
+            try:
+                response = await self._handler(request)
+            except asyncio.CancelledError:
+                return
+            except Exception:  # a bug of ours: answer 500, keep the server up
+                logger.exception("unhandled error answering %s %s", request.method, request.target)
+                response = Response(500, self._error_body(500, "internal server error"))
+            keep_alive = request.keep_alive and not self._closing
+            if isinstance(response, StreamingResponse):
+                keep_alive = await self._write_stream(request, response, keep_alive)
+            else:
+                self._write_response(request, response, keep_alive)
+            if not keep_alive:
+                self._close()
+                return
+        if not self._closing:
+            self._arm_timer(self._limits.keepalive_timeout_s)
+
+    def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
+        headers = [("content-type", response.content_type),
+                   ("content-length", str(len(response.body))), *response.headers]
+        head = _head(response.status, headers, keep_alive)
+        self._transport.write(head if request.method == "HEAD" else head + response.body)
+
+    async def _write_stream(self, request: Request, response: StreamingResponse,
+                            keep_alive: bool) -> bool:
+        headers = [("content-type", response.content_type), ("cache-control", "no-cache"),
+                   ("transfer-encoding", "chunked"), *response.headers]
+        self._transport.write(_head(response.status, headers, keep_alive))
+        try:
+            async for chunk in response.chunks:
+                if self._closing:
+                    break
+                if chunk:
+                    self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    await self._flow.drain()
+        finally:
+            await _close_iterator(response.chunks)
+        if self._closing:
+            return False
+        self._transport.write(b"0\r\n\r\n")
+        return keep_alive
+
+    # -- failures and timers ---------------------------------------------------------------------
+    def _count_header_bytes(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._fail(431, f"request headers over {self._limits.max_header_bytes} bytes")
+            raise httptools.HttpParserError("headers too large")
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answers a protocol-level error and closes the connection."""
+        if self._closing or self._transport is None:
+            return
+        body = self._error_body(status, message)
+        headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+        self._transport.write(_head(status, headers, keep_alive=False) + body)
+        self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        self._cancel_timer()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _arm_timer(self, seconds: float) -> None:
+        self._cancel_timer()
+        self._timer = self._loop.call_later(seconds, self._close)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _json_error(status: int, message: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": HTTPStatus(status).phrase,
+                                   "param": None, "code": status}})
+
+
+async def _close_iterator(chunks) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
