@@ -15,10 +15,6 @@ def bytes_per_block(arch: ModelArch, num_kv_heads: int, block_size: int, dtype: 
     return 2 * arch.num_layers * num_kv_heads * arch.head_dim * block_size * dtype.itemsize
 
 
-def num_blocks_for(budget_bytes: int, per_block: int) -> int:
-    return budget_bytes // per_block
-
-
 def allocate_kv_caches(arch: ModelArch, num_kv_heads: int, num_blocks: int, block_size: int,
                        dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One [num_blocks, num_kv_heads, block_size, head_dim] key and value tensor per layer, all

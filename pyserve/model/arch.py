@@ -76,8 +76,3 @@ class ModelArch:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V per token across all layers, per byte of dtype."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
