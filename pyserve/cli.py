@@ -137,9 +137,15 @@ def parse_config(argv: Sequence[str] | None = None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
-    from pyserve.demo import run_demo  # the HTTP server replaces this in a later issue
+    import logging
 
-    return run_demo(config)
+    import uvloop
+
+    from pyserve.server.app import serve
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return uvloop.run(serve(config))
 
 
 if __name__ == "__main__":

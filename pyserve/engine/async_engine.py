@@ -60,15 +60,25 @@ class AsyncEngine:
             self._task = None
         self._model_thread.shutdown(wait=True)
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Streams the request's outputs; raises ValueError at once if it can never run.
-        Leaving the iteration early (break, cancellation, a client gone) aborts the request."""
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                    prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Admits the request now (ValueError if it can never run) and returns its stream.
+        Leaving the iteration early (break, cancellation, a client gone) aborts the request;
+        a stream never iterated must be ended with abort()."""
         self.start()
         self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._has_work.set()
+        return self._stream(request_id, queue)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """add_request and iterate: the request is admitted when iteration starts."""
+        async for output in self.add_request(prompt_token_ids, params, request_id, prompt, priority):
+            yield output
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
@@ -146,6 +156,11 @@ class AsyncEngine:
             queue = self._streams.get(request_id)
             if queue is not None:
                 queue.put_nowait(EngineDeadError(f"engine step failed: {exc}"))
+
+    @property
+    def alive(self) -> bool:
+        """The step loop is running (it stops only on shutdown or a crash)."""
+        return self._task is not None and not self._task.done()
 
     @property
     def loop_busy_fraction(self) -> float:

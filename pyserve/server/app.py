@@ -1,0 +1,146 @@
+"""`python -m pyserve`: the start-up sequence of the seed, adapted to one event loop.
+
+  1. flags -> Config (cli.py)           2. bind the listening socket (a port clash fails fast)
+  3. SIGTERM/SIGINT handlers            4-5. build the engine (model, KV cache, scheduler) in a
+                                              worker thread while /health answers 503 "loading"
+  6. routes and the API-key check       7. serve on the bound socket   8. gc.freeze()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hmac
+import logging
+import signal
+import socket
+import time
+
+import orjson
+
+from pyserve import __version__
+from pyserve.config import Config
+from pyserve.server.errors import APIError, error_body, error_response
+from pyserve.server.http import HTTPProtocol, Request, Response
+from pyserve.server.router import Router, normalize_path
+
+logger = logging.getLogger("pyserve")
+
+# Answered without an API key.
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/version"})
+
+
+class ServerState:
+    """What the connection handler consults: loading, ready (with routes) or stopping."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.router: Router | None = None
+        self.phase = "loading"
+        self.engine = None
+
+    async def handle(self, request: Request) -> Response:
+        path = normalize_path(request.target)
+        if path == "/health":
+            return self._health()
+        if path == "/ping":
+            return Response(200, b"{}")
+        if path == "/version":
+            return Response(200, orjson.dumps({"version": __version__}))
+        if self.phase != "ready":
+            return error_response(503, f"the server is {self.phase}")
+        key = self.config.server.api_key
+        if key is not None and path not in PUBLIC_PATHS:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                return error_response(401, "missing or invalid API key")
+        try:
+            return await self.router(request)
+        except APIError as exc:
+            return error_response(exc.status, exc.message, exc.param)
+
+    def _health(self) -> Response:
+        if self.phase == "ready" and self.engine is not None and self.engine.alive:
+            return Response(200, b'{"status": "ok"}')
+        return Response(503, orjson.dumps({"status": self.phase if self.phase != "ready" else "dead"}))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _build_routes(state: ServerState, engine, model_name: str, max_model_len: int) -> Router:
+    from pyserve.server.openai.serving import OpenAIServing
+
+    serving = OpenAIServing(engine, model_name)
+    router = Router(error_response)
+
+    async def models(request: Request) -> Response:
+        return Response(200, orjson.dumps({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": 0, "owned_by": "pyserve",
+            "root": model_name, "max_model_len": max_model_len}]}))
+
+    router.add("GET", "/v1/models", models)
+    router.add("POST", "/v1/completions", serving.completions)
+    router.add("POST", "/v1/chat/completions", serving.chat)
+    return router
+
+
+async def serve(config: Config) -> int:
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    step = lambda name, since: logger.info("start-up: %s in %.2fs", name, time.perf_counter() - since)
+    try:
+        sock = _bind(config.server.host, config.server.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.server.host, config.server.port, exc)
+        return 1
+    step(f"bound {config.server.host}:{config.server.port}", t0)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    state = ServerState(config)
+    server = await loop.create_server(
+        lambda: HTTPProtocol(state.handle, error_body=lambda s, m: error_body(s, m)), sock=sock)
+
+    t = time.perf_counter()
+    from pyserve.engine.async_engine import AsyncEngine
+    from pyserve.engine.core import EngineCore
+    from pyserve.model.errors import ModelLoadError
+
+    build = loop.run_in_executor(None, EngineCore, config)
+    done, _ = await asyncio.wait({build, asyncio.ensure_future(stop.wait())},
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if build not in done:
+        logger.info("start-up interrupted")
+        server.close()
+        return 0
+    try:
+        core = build.result()
+    except ModelLoadError as exc:
+        logger.error("%s", exc)
+        server.close()
+        return 1
+    step("engine built (model, KV cache, scheduler)", t)
+    engine = AsyncEngine(core)
+    engine.start()
+    state.engine = engine
+    state.router = _build_routes(state, engine, core.model_name, core.max_model_len)
+    state.phase = "ready"
+    gc.freeze()
+    logger.info("start-up: ready in %.2fs; serving %s on http://%s:%d", time.perf_counter() - t0,
+                core.model_name, config.server.host, config.server.port)
+
+    await stop.wait()
+    logger.info("shutting down")
+    state.phase = "shutting down"
+    server.close()
+    await engine.shutdown()
+    return 0

@@ -1,0 +1,133 @@
+"""The server end to end: the real `python -m pyserve` on a loopback port, spoken to only through
+the official openai SDK and raw sockets."""
+
+import json
+import socket
+
+import openai
+import pytest
+
+from .server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir):
+    srv = ServerProcess()
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def test_models(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+
+
+def test_chat_gives_a_sensible_answer(client):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0)
+    assert "Paris" in out.choices[0].message.content
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens > 0 and out.usage.total_tokens == (
+        out.usage.prompt_tokens + out.usage.completion_tokens)
+
+
+def test_streaming_equals_non_streaming(client):
+    kwargs = dict(model=MODEL, prompt="The three primary colours are", max_tokens=16, temperature=0)
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 16
+    assert whole.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model=MODEL, stream=True, max_tokens=8, temperature=0,
+                                          messages=[{"role": "user", "content": "Say hi"}])
+    deltas = list(chat)
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert deltas[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_n_seed_stop_and_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, n=2,
+                                    temperature=1.0, seed=3, logprobs=2)
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    assert all(len(c.logprobs.token_logprobs) == len(c.logprobs.tokens) for c in out.choices)
+    again = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, n=2,
+                                      temperature=1.0, seed=3, logprobs=2)
+    assert [c.text for c in again.choices] == [c.text for c in out.choices]
+    full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    stop = full.choices[0].text.strip().split(",")[1].strip() or "5"
+    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                    stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, logprobs=True,
+                                          top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
+
+
+@pytest.mark.parametrize("kwargs,status,param", [
+    (dict(temperature=-1), 400, "temperature"),
+    (dict(top_p=1.5), 400, "top_p"),
+    (dict(max_tokens=100000), 400, "max_tokens"),
+    (dict(model="no-such-model"), 404, "model"),
+    (dict(prompt=""), 400, None),
+])
+def test_errors_have_openai_shape(client, kwargs, status, param):
+    args = dict(model=MODEL, prompt="Hello", max_tokens=4) | kwargs
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.completions.create(**args)
+    assert exc.value.status_code == status
+    body = exc.value.body
+    assert set(body) >= {"message", "type", "param", "code"} and body["code"] == status
+    if param:
+        assert body["param"] == param and param.split("_")[0] in body["message"]
+
+
+def raw(server, data: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(data)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_malformed_json_and_http(server):
+    status, body = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope")
+    assert status == 400 and "JSON" in body["error"]["message"]
+    status, body = raw(server, b"BLAH\r\n\r\n")
+    assert status == 400
+    status, body = raw(server, b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 404
+
+
+def test_api_key(default_model_dir):
+    srv = ServerProcess("--api-key", "sekret")
+    try:
+        bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        for sneaky in ("//v1/models", "/v1/models/", "/v1/%6Dodels"):
+            status, _ = raw(srv, f"GET {sneaky} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert status == 401
+        good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data[0].id == MODEL
+        status, body = raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 200 and body == {"status": "ok"}
+    finally:
+        assert srv.stop() == 0
