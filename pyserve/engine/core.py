@@ -166,6 +166,7 @@ class EngineCore:
         for child in group.children:
             if not child.finished:
                 child.finish("abort")
+                self.stats.on_finished(child, now())
                 self.scheduler.finish(child)
 
     def has_unfinished(self) -> bool:
@@ -214,7 +215,7 @@ class EngineCore:
             append_token(request, token, self.max_model_len)
             self.stats.on_token(request, t)
             if request.finished:
-                self.stats.finished_requests += 1
+                self.stats.on_finished(request, t)
                 self.scheduler.finish(request)
                 for sibling in group.release_pending():
                     self.scheduler.add(sibling)

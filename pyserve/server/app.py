@@ -86,7 +86,12 @@ def _build_routes(state: ServerState, engine, model_name: str, max_model_len: in
             "id": model_name, "object": "model", "created": 0, "owned_by": "pyserve",
             "root": model_name, "max_model_len": max_model_len}]}))
 
+    from pyserve.server.metrics import metrics_handler
+
     router.add("GET", "/v1/models", models)
+    router.add("GET", "/metrics", metrics_handler(engine.core, model_name))
+    router.add("POST", "/tokenize", serving.tokenize)
+    router.add("POST", "/detokenize", serving.detokenize)
     router.add("POST", "/v1/completions", serving.completions)
     router.add("POST", "/v1/chat/completions", serving.chat)
     return router

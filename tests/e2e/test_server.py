@@ -131,3 +131,62 @@ def test_api_key(default_model_dir):
         assert status == 200 and body == {"status": "ok"}
     finally:
         assert srv.stop() == 0
+
+
+def http_json(server, method, path, body=None, headers=None):
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(server.url + path, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read(), {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), {k.lower(): v for k, v in e.headers.items()}
+
+
+def test_tokenize_and_detokenize(server):
+    status, body, _ = http_json(server, "POST", "/tokenize", {"prompt": "Hello world"})
+    out = json.loads(body)
+    assert status == 200 and out["count"] == len(out["tokens"]) and out["max_model_len"] == 8192
+    status, body, _ = http_json(server, "POST", "/detokenize", {"tokens": out["tokens"]})
+    assert status == 200 and json.loads(body)["prompt"] == "Hello world"
+    status, body, _ = http_json(server, "POST", "/detokenize", {"tokens": [-1]})
+    assert status == 400 and json.loads(body)["error"]["param"] == "tokens"
+    status, body, _ = http_json(server, "POST", "/tokenize",
+                                {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200 and json.loads(body)["count"] > 5
+
+
+def test_metrics_and_a_client_leaving_mid_stream(server, client):
+    def metric(text, name):
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    # a client that reads two chunks of a long stream, then hangs up
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        body = json.dumps({"prompt": "Count to a thousand:", "max_tokens": 2000, "stream": True,
+                           "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        seen = b""
+        while seen.count(b"data: ") < 2:
+            seen += s.recv(65536)
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        status, text, headers = http_json(server, "GET", "/metrics")
+        text = text.decode()
+        if metric(text, "pyserve:num_requests_running") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert metric(text, "pyserve:num_requests_running") == 0
+    assert 'pyserve:request_success_total{finished_reason="abort"' in text
+    assert metric(text, "pyserve:kv_cache_usage_perc") == 0.0
+    assert metric(text, "pyserve:generation_tokens_total") > 0
+    assert "pyserve:time_to_first_token_seconds_bucket" in text

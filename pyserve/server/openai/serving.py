@@ -189,6 +189,28 @@ class OpenAIServing:
             for rid, _ in streams:
                 self.engine.abort(rid)
 
+    async def tokenize(self, request: Request) -> Response:
+        body = self._body(request)
+        if "messages" in body:
+            tokens = self._chat_prompt(body)
+        else:
+            prompt = field(body, "prompt", (str,))
+            if prompt is None:
+                raise APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
+            add_special = field(body, "add_special_tokens", (bool,), True)
+            tokens = self.tokenizer.encode(prompt, add_special_tokens=add_special)
+        return _json({"count": len(tokens), "max_model_len": self.engine.core.max_model_len,
+                      "tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        body = self._body(request)
+        tokens = body.get("tokens")
+        vocab = self.engine.core.arch.vocab_size
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+            raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
+        return _json({"prompt": self.tokenizer.decode(tokens)})
+
     def _choice(self, meta, index: int, c, final: bool) -> dict:
         choice = {"index": index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                   "logprobs": self._logprobs(c, meta["chat"])}
