@@ -39,6 +39,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -98,6 +102,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=_port, default=8000)
     g.add_argument("--api-key", help="require this bearer token on every request")
+    g.add_argument("--allowed-origins", type=_csv, default=("*",), help="CORS origins, comma-separated")
+    g.add_argument("--allowed-methods", type=_csv, default=("*",), help="CORS methods")
+    g.add_argument("--allowed-headers", type=_csv, default=("*",), help="CORS request headers")
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    g.add_argument("--max-num-queued-requests", type=int,
+                   help="waiting requests beyond which new ones get 429 (default: unbounded)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds SIGTERM lets running requests finish before aborting them")
+    g.add_argument("--chat-template", help="chat template file or inline Jinja, overriding the model's")
+    g.add_argument("--disable-log-requests", action="store_true", help="no per-request log lines")
+    g.add_argument("--max-header-bytes", type=_size, default=64 * 1024,
+                   help="larger request headers get 431")
+    g.add_argument("--max-request-body-bytes", type=_size, default=32 * 1024**2,
+                   help="larger request bodies get 413")
+    g.add_argument("--keepalive-timeout", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open")
+    g.add_argument("--header-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a request's headers")
     return parser
 
 

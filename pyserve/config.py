@@ -64,6 +64,18 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    max_num_queued_requests: int | None = None  # None: unbounded; beyond it, 429
+    shutdown_timeout: float = 30.0  # seconds SIGTERM lets running requests finish
+    chat_template: str | None = None  # a file or an inline Jinja template
+    disable_log_requests: bool = False
+    max_header_bytes: int = 64 * 1024
+    max_request_body_bytes: int = 32 * 1024 * 1024
+    keepalive_timeout: float = 5.0
+    header_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,15 @@ def validate(config: Config) -> None:
     need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens > 0, "--max-num-batched-tokens", "must be positive")
     need(config.parallel.tensor_parallel_size >= 1, "--tensor-parallel-size", "must be at least 1")
-    need(0 < config.server.port < 65536, "--port", "must be in 1..65535")
+    srv = config.server
+    need(0 < srv.port < 65536, "--port", "must be in 1..65535")
+    need(not (srv.allow_credentials and "*" in srv.allowed_origins), "--allow-credentials",
+         "cannot be combined with --allowed-origins '*'; list the origins")
+    need(srv.max_num_queued_requests is None or srv.max_num_queued_requests >= 0,
+         "--max-num-queued-requests", "must be non-negative")
+    need(srv.shutdown_timeout >= 0, "--shutdown-timeout", "must be non-negative")
+    need(srv.max_header_bytes > 0, "--max-header-bytes", "must be positive")
+    need(srv.max_request_body_bytes > 0, "--max-request-body-bytes", "must be positive")
     if m.model is not None and m.load_format != "dummy":
         need(os.path.exists(m.model), "--model", f"'{m.model}' does not exist")
     if m.tokenizer is not None:

@@ -42,6 +42,7 @@ class AsyncEngine:
         self.loop_busy_s = 0.0
         self.model_wait_s = 0.0
         self.num_steps = 0
+        self.last_progress = time.monotonic()  # when a step last completed
         self._log_interval = core.config.scheduler.log_stats_interval
         self._last_log = time.monotonic()
         self._last_tokens = (0, 0)
@@ -93,6 +94,16 @@ class AsyncEngine:
             if not finished:
                 self.core.abort(request_id)
 
+    def abort_all(self) -> int:
+        """Ends every open stream with an "abort" finish; returns how many."""
+        ids = list(self._streams)
+        for request_id in ids:
+            self.abort(request_id)
+        return len(ids)
+
+    def num_waiting(self) -> int:
+        return self.core.num_waiting()
+
     def is_active(self, request_id: str) -> bool:
         """The request was added and its stream is still open."""
         return request_id in self._streams
@@ -132,6 +143,7 @@ class AsyncEngine:
             self.loop_busy_s += (t1 - t0) + (time.perf_counter() - t2)
             self.model_wait_s += t2 - t1
             self.num_steps += 1
+            self.last_progress = time.monotonic()
             self._maybe_log_stats()
             await asyncio.sleep(0)  # let the loop breathe between steps
 
@@ -161,6 +173,10 @@ class AsyncEngine:
     def alive(self) -> bool:
         """The step loop is running (it stops only on shutdown or a crash)."""
         return self._task is not None and not self._task.done()
+
+    def stalled(self, limit_s: float) -> bool:
+        """Work is pending but no step has completed for limit_s seconds."""
+        return self.core.has_unfinished() and time.monotonic() - self.last_progress > limit_s
 
     @property
     def loop_busy_fraction(self) -> float:

@@ -169,6 +169,9 @@ class EngineCore:
                 self.stats.on_finished(child, now())
                 self.scheduler.finish(child)
 
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

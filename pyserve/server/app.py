@@ -20,14 +20,18 @@ import orjson
 
 from pyserve import __version__
 from pyserve.config import Config
+from pyserve.server.cors import CORS
 from pyserve.server.errors import APIError, error_body, error_response
-from pyserve.server.http import HTTPProtocol, Request, Response
+from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
 from pyserve.server.router import Router, normalize_path
 
 logger = logging.getLogger("pyserve")
 
 # Answered without an API key.
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/version"})
+# /health turns 503 when work is pending and no step has finished for this long (the longest
+# CPU step, a full 2048-token prefill of a 135M model, takes about 5 s on two cores).
+STALL_LIMIT_S = 60.0
 
 
 class ServerState:
@@ -38,8 +42,16 @@ class ServerState:
         self.router: Router | None = None
         self.phase = "loading"
         self.engine = None
+        self.cors = CORS(config.server)
 
     async def handle(self, request: Request) -> Response:
+        if CORS.is_preflight(request):
+            return self.cors.preflight(request)
+        response = await self._route(request)
+        self.cors.decorate(request, response)
+        return response
+
+    async def _route(self, request: Request) -> Response:
         path = normalize_path(request.target)
         if path == "/health":
             return self._health()
@@ -55,14 +67,22 @@ class ServerState:
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 return error_response(401, "missing or invalid API key")
         try:
-            return await self.router(request)
+            response = await self.router(request)
         except APIError as exc:
-            return error_response(exc.status, exc.message, exc.param)
+            response = error_response(exc.status, exc.message, exc.param)
+            response.headers.extend(exc.headers)
+        if not self.config.server.disable_log_requests:
+            logger.info("%s %s -> %d", request.method, path, response.status)
+        return response
 
     def _health(self) -> Response:
-        if self.phase == "ready" and self.engine is not None and self.engine.alive:
-            return Response(200, b'{"status": "ok"}')
-        return Response(503, orjson.dumps({"status": self.phase if self.phase != "ready" else "dead"}))
+        if self.phase != "ready":
+            return Response(503, orjson.dumps({"status": self.phase}))
+        if not self.engine.alive:
+            return Response(503, b'{"status": "dead"}')
+        if self.engine.stalled(STALL_LIMIT_S):
+            return Response(503, b'{"status": "stalled"}')
+        return Response(200, b'{"status": "ok"}')
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -78,7 +98,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def _build_routes(state: ServerState, engine, model_name: str, max_model_len: int) -> Router:
     from pyserve.server.openai.serving import OpenAIServing
 
-    serving = OpenAIServing(engine, model_name)
+    serving = OpenAIServing(engine, model_name, state.config.server)
     router = Router(error_response)
 
     async def models(request: Request) -> Response:
@@ -109,11 +129,22 @@ async def serve(config: Config) -> int:
     step(f"bound {config.server.host}:{config.server.port}", t0)
 
     stop = asyncio.Event()
+    grace = {"s": config.server.shutdown_timeout}
+
+    def on_signal(sig: signal.Signals) -> None:
+        if sig == signal.SIGINT or stop.is_set():  # SIGINT, or a second signal: no grace
+            grace["s"] = 0.0
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     state = ServerState(config)
+    srv = config.server
+    limits = HTTPLimits(max_header_bytes=srv.max_header_bytes,
+                        max_body_bytes=srv.max_request_body_bytes,
+                        header_timeout_s=srv.header_timeout, keepalive_timeout_s=srv.keepalive_timeout)
     server = await loop.create_server(
-        lambda: HTTPProtocol(state.handle, error_body=lambda s, m: error_body(s, m)), sock=sock)
+        lambda: HTTPProtocol(state.handle, limits, error_body=lambda s, m: error_body(s, m)), sock=sock)
 
     t = time.perf_counter()
     from pyserve.engine.async_engine import AsyncEngine
@@ -136,6 +167,7 @@ async def serve(config: Config) -> int:
     step("engine built (model, KV cache, scheduler)", t)
     engine = AsyncEngine(core)
     engine.start()
+    engine.last_progress = time.monotonic()
     state.engine = engine
     state.router = _build_routes(state, engine, core.model_name, core.max_model_len)
     state.phase = "ready"
@@ -144,8 +176,16 @@ async def serve(config: Config) -> int:
                 core.model_name, config.server.host, config.server.port)
 
     await stop.wait()
-    logger.info("shutting down")
+    logger.info("shutting down: no new requests; up to %.0fs for running ones", grace["s"])
     state.phase = "shutting down"
-    server.close()
+    server.close()  # stop accepting connections
+    deadline = time.monotonic() + grace["s"]
+    while core.has_unfinished() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    aborted = engine.abort_all()
+    if aborted:
+        logger.info("aborted %d requests at shutdown", aborted)
+        await asyncio.sleep(0.2)  # let their final events reach the clients
     await engine.shutdown()
+    logger.info("shut down")
     return 0

@@ -15,9 +15,11 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundErro
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: list[tuple[str, str]] | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers or []
 
 
 def error_body(status: int, message: str, param: str | None = None) -> bytes:

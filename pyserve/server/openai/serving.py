@@ -9,6 +9,9 @@ from collections.abc import AsyncIterator
 
 import orjson
 
+from pathlib import Path
+
+from pyserve.config import ServerConfig
 from pyserve.engine.async_engine import AsyncEngine
 from pyserve.server.errors import APIError, error_body
 from pyserve.server.http import Request, Response, StreamingResponse
@@ -24,11 +27,31 @@ def _sse(obj) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+# Texts longer than this are tokenized in a worker thread, so one huge prompt cannot stall
+# the event loop for every other client.
+_OFF_LOOP_CHARS = 20_000
+
+
+def _load_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if path.is_file() else value
+
+
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine: AsyncEngine, model_name: str, config: ServerConfig):
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.core.tokenizer
+        self.max_queued = config.max_num_queued_requests
+        self.chat_template = _load_template(config.chat_template)
+
+    async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) < _OFF_LOOP_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     # -- request parsing -----------------------------------------------------------------------
     def _body(self, request: Request) -> dict:
@@ -43,7 +66,7 @@ class OpenAIServing:
             raise APIError(404, f"the model '{model}' does not exist", "model")
         return body
 
-    def _prompts(self, body: dict) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, body: dict) -> list[tuple[str | None, list[int]]]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -57,14 +80,14 @@ class OpenAIServing:
         out = []
         for p in prompts:
             if isinstance(p, str):
-                out.append((p, self.tokenizer.encode(p)))
+                out.append((p, await self._encode(p)))
             elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
                 out.append((None, list(p)))
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
         return out
 
-    def _chat_prompt(self, body: dict) -> list[int]:
+    async def _chat_prompt(self, body: dict) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError(400, "'messages' must be a non-empty list", "messages")
@@ -81,15 +104,27 @@ class OpenAIServing:
                 raise APIError(400, "message content must be a string or text parts", "messages")
             cleaned.append({"role": "system" if m["role"] == "developer" else m["role"],
                             "content": content})
+        template = field(body, "chat_template", (str,)) or self.chat_template
+        kwargs = field(body, "chat_template_kwargs", (dict,), {})
+        add_generation_prompt = field(body, "add_generation_prompt", (bool,), True)
+
+        def render() -> list[int]:
+            return apply_chat_template(self.tokenizer, cleaned, add_generation_prompt,
+                                       chat_template=template, **kwargs)
         try:
-            return apply_chat_template(self.tokenizer, cleaned,
-                                       field(body, "add_generation_prompt", (bool,), True))
+            if sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
+                return render()
+            return await asyncio.get_running_loop().run_in_executor(None, render)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
 
     # -- generation ------------------------------------------------------------------------------
     def _start(self, prompts, params, request_id: str, priority: int) -> list:
         """Admits every prompt before any runs; a refusal aborts what was admitted -> 400."""
+        # A request may join the queue while it stays within --max-num-queued-requests.
+        if self.max_queued is not None and self.engine.num_waiting() + len(prompts) > self.max_queued:
+            raise APIError(429, f"the server's queue is full ({self.max_queued} waiting requests); "
+                           "retry later", headers=[("retry-after", "1")])
         streams = []
         try:
             for i, (text, ids) in enumerate(prompts):
@@ -105,7 +140,7 @@ class OpenAIServing:
         body = self._body(request)
         stream = field(body, "stream", (bool,), False)
         params = sampling_params(body, field(body, "logprobs", (int,)), stream)
-        prompts = self._prompts(body)
+        prompts = await self._prompts(body)
         return await self._respond(body, prompts, params, stream, chat=False)
 
     async def chat(self, request: Request) -> Response | StreamingResponse:
@@ -113,7 +148,8 @@ class OpenAIServing:
         stream = field(body, "stream", (bool,), False)
         logprobs = field(body, "top_logprobs", (int,), 0) if field(body, "logprobs", (bool,)) else None
         params = sampling_params(body, logprobs, stream)
-        return await self._respond(body, [(None, self._chat_prompt(body))], params, stream, chat=True)
+        return await self._respond(body, [(None, await self._chat_prompt(body))], params, stream,
+                                   chat=True)
 
     async def _respond(self, body, prompts, params, stream: bool, chat: bool):
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -192,13 +228,13 @@ class OpenAIServing:
     async def tokenize(self, request: Request) -> Response:
         body = self._body(request)
         if "messages" in body:
-            tokens = self._chat_prompt(body)
+            tokens = await self._chat_prompt(body)
         else:
             prompt = field(body, "prompt", (str,))
             if prompt is None:
                 raise APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
             add_special = field(body, "add_special_tokens", (bool,), True)
-            tokens = self.tokenizer.encode(prompt, add_special_tokens=add_special)
+            tokens = await self._encode(prompt, add_special)
         return _json({"count": len(tokens), "max_model_len": self.engine.core.max_model_len,
                       "tokens": tokens})
 
