@@ -190,3 +190,18 @@ def test_metrics_and_a_client_leaving_mid_stream(server, client):
     assert metric(text, "pyserve:kv_cache_usage_perc") == 0.0
     assert metric(text, "pyserve:generation_tokens_total") > 0
     assert "pyserve:time_to_first_token_seconds_bucket" in text
+
+
+def test_echo_prompt_logprobs_and_continuous_usage(server, client):
+    out = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0,
+                                    echo=True, extra_body={"prompt_logprobs": 1})
+    choice = out.choices[0]
+    assert choice.text.startswith("The sky is") and len(choice.text) > len("The sky is")
+    prompt_lp = choice.model_extra["prompt_logprobs"]
+    assert prompt_lp[0] is None and len(prompt_lp) == out.usage.prompt_tokens
+    assert all(entry["decoded_token"] for p in prompt_lp[1:] for entry in p.values())
+    chunks = list(client.completions.create(
+        model=MODEL, prompt="The sky is", max_tokens=3, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == [1, 2, 3]

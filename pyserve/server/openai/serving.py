@@ -154,11 +154,17 @@ class OpenAIServing:
     async def _respond(self, body, prompts, params, stream: bool, chat: bool):
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         streams = self._start(prompts, params, request_id, field(body, "priority", (int,), 0))
+        echo = not chat and field(body, "echo", (bool,), False)
         meta = {"id": request_id, "created": int(time.time()), "model": self.model_name,
-                "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat}
+                "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
+                # completions' echo: the prompt text leads each choice's text
+                "echo": [text if text is not None else self.tokenizer.decode(ids)
+                         for text, ids in prompts] if echo else None}
         if stream:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(200, self._stream(streams, meta, include_usage))
+            options = field(body, "stream_options", (dict,), {})
+            return StreamingResponse(200, self._stream(
+                streams, meta, bool(options.get("include_usage")),
+                bool(options.get("continuous_usage_stats"))))
         try:
             return await self._collect(streams, meta)
         finally:  # the client went away, or a bug: nothing may keep running
@@ -173,14 +179,20 @@ class OpenAIServing:
                 pass
             for c in final.outputs:
                 completion_tokens += len(c.token_ids)
-                choices.append(self._choice(meta, p * meta["n"] + c.index, c, final=True))
+                choice = self._choice(meta, p * meta["n"] + c.index, c, final=True)
+                if meta["echo"] is not None:
+                    choice["text"] = meta["echo"][p] + choice["text"]
+                if final.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = _prompt_logprobs(final.prompt_logprobs, self.tokenizer)
+                choices.append(choice)
         prompt_tokens = sum(meta["prompt_tokens"])
         return _json({"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
                       "created": meta["created"], "model": meta["model"], "choices": choices,
                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                 "total_tokens": prompt_tokens + completion_tokens}})
 
-    async def _stream(self, streams, meta, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, streams, meta, include_usage: bool,
+                      continuous_usage: bool) -> AsyncIterator[bytes]:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(p, it):
@@ -212,7 +224,14 @@ class OpenAIServing:
                         started.add(index)
                         yield _sse({**head, "choices": [{"index": index, "logprobs": None, "finish_reason": None,
                                                          "delta": {"role": "assistant", "content": ""}}]})
-                    yield _sse({**head, "choices": [self._choice(meta, index, c, final=False)]})
+                    choice = self._choice(meta, index, c, final=False)
+                    if meta["echo"] is not None and index not in started:
+                        started.add(index)
+                        choice["text"] = meta["echo"][p] + choice["text"]
+                    chunk = {**head, "choices": [choice]}
+                    if include_usage and continuous_usage:
+                        chunk["usage"] = _usage(meta["prompt_tokens"][p], completion_tokens)
+                    yield _sse(chunk)
             if include_usage:
                 prompt_tokens = sum(meta["prompt_tokens"])
                 yield _sse({**head, "choices": [], "usage": {
@@ -273,6 +292,18 @@ class OpenAIServing:
                 "token_logprobs": [p[t].logprob for t, p in zip(c.token_ids, c.logprobs)],
                 "top_logprobs": [{lp.decoded_token: lp.logprob for lp in p.values()} for p in c.logprobs],
                 "text_offset": []}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _prompt_logprobs(positions, tokenizer) -> list:
+    """vLLM's shape: per prompt position, None or {token id: {logprob, rank, decoded_token}}."""
+    return [None if p is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank,
+                                             "decoded_token": tokenizer.decode([t])}
+                                    for t, lp in p.items()} for p in positions]
 
 
 def _param_of(message: str) -> str | None:
