@@ -82,6 +82,10 @@ def test_n_seed_stop_and_logprobs(client):
     (dict(max_tokens=100000), 400, "max_tokens"),
     (dict(model="no-such-model"), 404, "model"),
     (dict(prompt=""), 400, None),
+    (dict(n=129), 400, "n"),
+    (dict(stop=["x"] * 65), 400, "stop"),
+    (dict(logprobs=21), 400, "logprobs"),
+    (dict(prompt=[1, 999999]), 400, None),
 ])
 def test_errors_have_openai_shape(client, kwargs, status, param):
     args = dict(model=MODEL, prompt="Hello", max_tokens=4) | kwargs

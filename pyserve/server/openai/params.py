@@ -22,7 +22,23 @@ def field(body: dict, name: str, kinds: tuple, default: Any = None) -> Any:
     return value
 
 
+# Caps on list-like fields, so one request cannot make the server do unbounded work per token.
+MAX_N = 128
+MAX_STOP = 64
+
+
+def _check_caps(body: dict) -> None:
+    n = body.get("n")
+    if isinstance(n, int) and n > MAX_N:
+        raise APIError(400, f"n must be at most {MAX_N}, got {n}", "n")
+    for name in ("stop", "stop_token_ids"):
+        value = body.get(name)
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise APIError(400, f"{name} may hold at most {MAX_STOP} entries, got {len(value)}", name)
+
+
 def sampling_params(body: dict, logprobs: int | None, stream: bool) -> SamplingParams:
+    _check_caps(body)
     values = {k: body[k] for k in _FIELDS if body.get(k) is not None}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     try:
