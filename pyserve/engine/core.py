@@ -169,6 +169,33 @@ class EngineCore:
                 self.stats.on_finished(child, now())
                 self.scheduler.finish(child)
 
+    def profile_run(self) -> float:
+        """One forward pass over a full --max-num-batched-tokens batch of dummy prompts, spread
+        over up to --max-num-seqs sequences (the start-up profiling and warm-up run); returns
+        its seconds. Blocks are borrowed from the
+        pool and returned."""
+        budget = self.config.scheduler.max_num_batched_tokens
+        # spread over as many sequences as a step may hold, as vLLM's dummy run does
+        num_seqs = min(self.config.scheduler.max_num_seqs, budget)
+        per_seq = min(-(-budget // num_seqs), self.max_model_len - 1)
+        dummies, batch, left = [], [], budget
+        while left > 0 and self.kv.num_free_blocks >= self.kv.blocks_for(per_seq):
+            n = min(per_seq, left)
+            r = Request(f"profile-{len(dummies)}", [0] * n, SamplingParams(temperature=0.0, max_tokens=1),
+                        (), 1)
+            self.kv.allocate_slots(r, n)
+            dummies.append(r)
+            batch.append(ScheduledRequest(r, n))
+            left -= n
+        start = time.perf_counter()
+        try:
+            if batch:
+                self.run(self.prepare(batch))
+        finally:
+            for r in dummies:
+                self.kv.free(r)
+        return time.perf_counter() - start
+
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 

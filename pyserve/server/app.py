@@ -165,6 +165,10 @@ async def serve(config: Config) -> int:
         server.close()
         return 1
     step("engine built (model, KV cache, scheduler)", t)
+    t = time.perf_counter()
+    await loop.run_in_executor(None, core.profile_run)
+    step(f"profiling and warm-up forward at --max-num-batched-tokens "
+         f"{config.scheduler.max_num_batched_tokens}", t)
     engine = AsyncEngine(core)
     engine.start()
     engine.last_progress = time.monotonic()

@@ -154,3 +154,10 @@ def test_priority_policy_runs_urgent_requests_first(model_dir):
     while engine.has_unfinished():
         finished += [o.request_id for o in engine.step() if o.finished]
     assert finished == ["urgent", "late"]
+
+
+def test_profile_run_borrows_and_returns_blocks(llm):
+    engine = llm.engine
+    assert engine.profile_run() > 0
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert not engine.has_unfinished()
