@@ -58,6 +58,9 @@ class EngineCore:
     def __init__(self, config: Config):
         self.config = config
         t0 = time.perf_counter()
+        if config.parallel.tensor_parallel_size > 1:
+            raise ModelLoadError("--tensor-parallel-size > 1 is not supported yet (single-process "
+                                 "executor only); use --tensor-parallel-size 1")
         source = resolve_model(config.model)
         self.model_name = source.name
         self.arch = arch = source.arch
@@ -116,13 +119,14 @@ class EngineCore:
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
         if n >= self.max_model_len:
-            raise ValueError(f"the prompt has {n} tokens, but this model's maximum context length "
-                             f"is {self.max_model_len} tokens; shorten the prompt")
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. "
+                             f"However, your prompt has {n} tokens. Please shorten the prompt.")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         if n + max_tokens > self.max_model_len:
-            raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens, "
-                             f"but {n + max_tokens} were requested ({n} in the prompt, {max_tokens} "
-                             "in max_tokens); lower max_tokens or shorten the prompt")
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. "
+                             f"However, you requested {n + max_tokens} tokens ({n} in the messages, "
+                             f"{max_tokens} in the completion). Please reduce the length of the "
+                             "messages or completion (max_tokens).")
         if self.kv.blocks_for(n + max_tokens) > self.kv.num_blocks:
             raise ValueError(f"{n + max_tokens} tokens cannot fit in the whole KV cache "
                              f"({self.kv.num_blocks * self.kv.block_size} tokens)")

@@ -165,6 +165,7 @@ async def serve(config: Config) -> int:
         server.close()
         return 1
     step("engine built (model, KV cache, scheduler)", t)
+    logger.info("start-up: executor: single process, tensor-parallel size 1 (ranks: 0)")
     t = time.perf_counter()
     await loop.run_in_executor(None, core.profile_run)
     step(f"profiling and warm-up forward at --max-num-batched-tokens "

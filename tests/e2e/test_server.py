@@ -121,7 +121,7 @@ def test_malformed_json_and_http(server):
 
 
 def test_api_key(default_model_dir):
-    srv = ServerProcess("--api-key", "sekret")
+    srv = ServerProcess("--api-key", "sekret", "--served-model-name", "house-model")
     try:
         bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -130,7 +130,7 @@ def test_api_key(default_model_dir):
             status, _ = raw(srv, f"GET {sneaky} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             assert status == 401
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekret", max_retries=0)
-        assert good.models.list().data[0].id == MODEL
+        assert good.models.list().data[0].id == "house-model"
         status, body = raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 200 and body == {"status": "ok"}
     finally:
@@ -209,3 +209,25 @@ def test_echo_prompt_logprobs_and_continuous_usage(server, client):
         stream_options={"include_usage": True, "continuous_usage_stats": True}))
     counts = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counts == [1, 2, 3]
+
+
+def test_batched_and_token_prompts_text_parts_and_stop_reason(client):
+    batch = client.completions.create(model=MODEL, prompt=["The sky is", "Grass is"], max_tokens=3,
+                                      temperature=0, user="tester")
+    assert sorted(c.index for c in batch.choices) == [0, 1]
+    single = client.completions.create(model=MODEL, prompt="Grass is", max_tokens=3, temperature=0)
+    assert [c.text for c in batch.choices if c.index == 1] == [single.choices[0].text]
+    ids = client.completions.create(model=MODEL, prompt=[[1, 504, 3384, 314]], max_tokens=2,
+                                    temperature=0)
+    assert ids.usage.prompt_tokens == 4
+    parts = client.chat.completions.create(model=MODEL, max_tokens=5, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+                                     {"type": "text", "text": "of France?"}]}])
+    plain = client.chat.completions.create(model=MODEL, max_tokens=5, temperature=0, messages=[
+        {"role": "user", "content": "What is the capital of France?"}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    stop = full.choices[0].text.strip().split(",")[1].strip() or "5"
+    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12,
+                                    temperature=0, stop=[stop])
+    assert cut.choices[0].model_extra["stop_reason"] == stop

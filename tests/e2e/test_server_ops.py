@@ -159,15 +159,23 @@ def test_health_says_loading_until_ready(default_model_dir):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pyserve", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    seen = []
+    seen, during_load = [], (None, b"{}")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and (not seen or seen[-1][0] != 200):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                     seen.append((r.status, json.loads(r.read())))
+                    continue
             except urllib.error.HTTPError as e:
                 seen.append((e.code, json.loads(e.read())))
+                if len(seen) == 1:  # still loading: a completion is refused with 503
+                    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                                 data=b'{"prompt": "Hi"}', method="POST")
+                    try:
+                        urllib.request.urlopen(req, timeout=5)
+                    except urllib.error.HTTPError as err:
+                        during_load = (err.code, err.read())
             except OSError:
                 pass
             time.sleep(0.05)
@@ -175,4 +183,5 @@ def test_health_says_loading_until_ready(default_model_dir):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert seen[0] == (503, {"status": "loading"})
+    assert during_load[0] == 503 and json.loads(during_load[1])["error"]["code"] == 503
     assert seen[-1] == (200, {"status": "ok"})

@@ -92,3 +92,10 @@ def test_dummy_weights_need_no_checkpoint(tiny_model_factory, tmp_path):
     llm = LLM(str(model), load_format="dummy", kv_cache_memory="16MiB")
     out = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 5
+
+
+def test_tensor_parallel_is_refused_until_it_exists(tiny_model_factory):
+    from pyserve import LLM
+
+    with pytest.raises(ModelLoadError, match="--tensor-parallel-size"):
+        LLM(str(tiny_model_factory("llama")), tensor_parallel_size=2)

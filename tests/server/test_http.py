@@ -204,3 +204,22 @@ def test_idle_keep_alive_connections_are_closed():
 ])
 def test_normalize_path(target, path):
     assert normalize_path(target) == path
+
+
+def test_a_handler_bug_is_a_500_and_the_connection_goes_on():
+    async def main():
+        app = App()
+
+        async def broken(request):
+            raise RuntimeError("a bug of ours")
+
+        app.router.add("GET", "/broken", broken)
+        server, port = await start(app)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 500 and json.loads(body)["error"]["code"] == 500
+        assert (await read_response(reader))[0] == 200
+        writer.close()
+        server.close()
+    uvloop.run(main())
