@@ -72,3 +72,37 @@ def test_large_inputs_are_tokenized_off_the_loop(config):
     threads, big = uvloop.run(main())
     assert threads[0] is threading.main_thread() and threads[1] is not threading.main_thread()
     assert len(big) > 1000
+
+
+def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(config):
+    """The model step fails on its third call (injected): the open stream gets an SSE error
+    event, then [DONE], and the engine frees the request."""
+    from pyserve.server.http import StreamingResponse
+
+    async def main():
+        core = EngineCore(config)
+        engine = AsyncEngine(core)
+        serving = OpenAIServing(engine, "m", config.server)
+        calls = {"n": 0}
+        real_run = core.run
+
+        def failing_run(prepared):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected device failure")
+            return real_run(prepared)
+
+        core.run = failing_run
+        body = orjson.dumps({"prompt": "Hello", "max_tokens": 10, "stream": True, "ignore_eos": True})
+        response = await serving.completions(Request("POST", "/v1/completions", {}, body))
+        assert isinstance(response, StreamingResponse)
+        chunks = [c async for c in response.chunks]
+        await engine.shutdown()
+        return core, chunks
+
+    core, chunks = uvloop.run(main())
+    assert chunks[-1] == b"data: [DONE]\n\n"
+    error = orjson.loads(chunks[-2][len(b"data: "):])
+    assert "injected device failure" in error["error"]["message"]
+    assert any(b'"text"' in c for c in chunks[:-2])  # the stream had started
+    assert core.kv.num_free_blocks == core.kv.num_blocks and not core.has_unfinished()
