@@ -20,11 +20,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_factory):
-    return tiny_model_factory("llama")
-
-
-@pytest.fixture(scope="module")
 def alone(model_dir):
     """Each prompt's greedy output when run by itself."""
     llm = LLM(str(model_dir), kv_cache_memory="16MiB")

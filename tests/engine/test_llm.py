@@ -11,11 +11,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_factory):
-    return tiny_model_factory("llama")
-
-
-@pytest.fixture(scope="module")
 def llm(model_dir):
     return LLM(str(model_dir), kv_cache_memory="16MiB", max_model_len=256)
 

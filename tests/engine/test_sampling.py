@@ -12,11 +12,6 @@ PROMPT = "The quick brown fox jumps over the lazy dog. A paged KV cache stores k
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_factory):
-    return tiny_model_factory("llama")
-
-
-@pytest.fixture(scope="module")
 def llm(model_dir):
     return LLM(str(model_dir), kv_cache_memory="16MiB", max_num_batched_tokens=16)
 

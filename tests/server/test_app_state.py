@@ -1,7 +1,6 @@
 """Server state without sockets: health phases and the stall rule, and tokenization of large
 inputs off the event loop."""
 
-import asyncio
 import threading
 import time
 
