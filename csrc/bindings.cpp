@@ -2,9 +2,11 @@
 // reaches them only through pyserve/_native.py.
 #include <torch/extension.h>
 
+#include "comm/shm_communicator.h"
 #include "cpu/ops.h"
 #include "kv/block_pool.h"
 #ifdef PYSERVE_CUDA
+#include "cuda/nccl_communicator.h"
 #include "cuda/ops.h"
 #endif
 
@@ -73,4 +75,45 @@ PYBIND11_MODULE(_C, m) {
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);
+
+  // Collectives wait for the other ranks: they release the GIL so the rest of the process
+  // (the event loop, a watchdog) keeps running meanwhile.
+  using pyserve::ShmCommunicator;
+  using release = py::call_guard<py::gil_scoped_release>;
+  py::class_<ShmCommunicator>(m, "ShmCommunicator")
+      .def(py::init<const std::string&, int64_t, int64_t, int64_t, bool>(), py::arg("name"),
+           py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"), py::arg("create"))
+      .def("all_reduce", &ShmCommunicator::all_reduce, py::arg("tensor"), release())
+      .def("all_gather", &ShmCommunicator::all_gather, py::arg("tensor"), release())
+      .def("gather", &ShmCommunicator::gather, py::arg("tensor"), py::arg("root") = 0, release())
+      .def("broadcast", &ShmCommunicator::broadcast, py::arg("tensor"), py::arg("root") = 0, release())
+      .def("barrier", &ShmCommunicator::barrier, release())
+      .def("abort", &ShmCommunicator::abort)
+      .def("unlink", &ShmCommunicator::unlink)
+      .def_property_readonly("aborted", &ShmCommunicator::aborted)
+      .def_property_readonly("rank", &ShmCommunicator::rank)
+      .def_property_readonly("world_size", &ShmCommunicator::world_size)
+      .def_property_readonly("name", &ShmCommunicator::name);
+
+#ifdef PYSERVE_NCCL
+  using pyserve::cuda::NcclCommunicator;
+  m.def("nccl_unique_id", [] { return py::bytes(pyserve::cuda::nccl_unique_id()); });
+  py::class_<NcclCommunicator>(m, "NcclCommunicator")
+      .def(py::init<const std::string&, int64_t, int64_t>(), py::arg("unique_id"), py::arg("rank"),
+           py::arg("world_size"), release())
+      .def("all_reduce", &NcclCommunicator::all_reduce, py::arg("tensor"), release())
+      .def("all_gather", &NcclCommunicator::all_gather, py::arg("tensor"), release())
+      .def("gather", &NcclCommunicator::gather, py::arg("tensor"), py::arg("root") = 0, release())
+      .def("broadcast", &NcclCommunicator::broadcast, py::arg("tensor"), py::arg("root") = 0, release())
+      .def("abort", &NcclCommunicator::abort)
+      .def_property_readonly("rank", &NcclCommunicator::rank)
+      .def_property_readonly("world_size", &NcclCommunicator::world_size);
+#endif
+  m.def("built_with_nccl", [] {
+#ifdef PYSERVE_NCCL
+    return true;
+#else
+    return false;
+#endif
+  });
 }

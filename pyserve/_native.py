@@ -12,3 +12,7 @@ BlockPool = _C.BlockPool
 reshape_and_cache = _C.reshape_and_cache
 paged_attention = _C.paged_attention
 built_with_cuda = _C.built_with_cuda
+built_with_nccl = _C.built_with_nccl
+ShmCommunicator = _C.ShmCommunicator
+NcclCommunicator = getattr(_C, "NcclCommunicator", None)  # CUDA builds with NCCL only
+nccl_unique_id = getattr(_C, "nccl_unique_id", None)

@@ -12,8 +12,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from pyserve.config import (DEVICES, DTYPES, LOAD_FORMATS, SCHEDULING_POLICIES, Config,
-                            ConfigError, default_download_dir, parse_size)
+from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, LOAD_FORMATS, SCHEDULING_POLICIES,
+                            Config, ConfigError, default_download_dir, parse_size)
 
 ENV_PREFIX = "PYSERVE_"
 
@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between engine summary log lines while busy (0: off)")
 
     g = parser.add_argument_group("parallelism and device")
-    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1)
+    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+                   help="ranks the model is split over: this process plus one worker process "
+                        "per extra rank")
+    g.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None,
+                   help="mp: worker processes (the default above size 1); uni: this process only")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
 

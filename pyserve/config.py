@@ -48,9 +48,14 @@ class SchedulerConfig:
     log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
 
 
+EXECUTOR_BACKENDS = ("mp", "uni")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    # None: "uni" at size 1, "mp" above it (vLLM's --distributed-executor-backend)
+    distributed_executor_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ def validate(config: Config) -> None:
     need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens > 0, "--max-num-batched-tokens", "must be positive")
     need(config.parallel.tensor_parallel_size >= 1, "--tensor-parallel-size", "must be at least 1")
+    need(config.parallel.distributed_executor_backend in (None, *EXECUTOR_BACKENDS),
+         "--distributed-executor-backend", f"must be one of {', '.join(EXECUTOR_BACKENDS)}")
     srv = config.server
     need(0 < srv.port < 65536, "--port", "must be in 1..65535")
     need(not (srv.allow_credentials and "*" in srv.allowed_origins), "--allow-credentials",

@@ -24,6 +24,11 @@ class LLM:
         self.engine = EngineCore(self.config)
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stops tensor-parallel worker processes now (they also stop when this LLM is
+        garbage-collected, or at exit)."""
+        self.engine.shutdown()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

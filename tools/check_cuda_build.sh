@@ -22,7 +22,7 @@ prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_pat
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DPYSERVE_OUTPUT_DIR="$build/out" -DPython_EXECUTABLE="$venv/bin/python" > "$build/configure.log" 2>&1 \
   || { cat "$build/configure.log"; exit 1; }
-grep -q "CUDA=ON" "$build/configure.log" || { echo "[cuda-build] CMake did not enable CUDA"; cat "$build/configure.log"; exit 1; }
+grep -q "CUDA=ON NCCL=ON" "$build/configure.log" || { echo "[cuda-build] CMake did not enable CUDA and NCCL"; cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j "${MAX_JOBS:-2}"
-(cd "$build/out" && "$venv/bin/python" -c "import torch, _C; assert _C.built_with_cuda()")
-echo "[cuda-build] CUDA build of pyserve._C compiled, linked and imported in $(( $(date +%s) - start ))s"
+(cd "$build/out" && "$venv/bin/python" -c "import torch, _C; assert _C.built_with_cuda() and _C.built_with_nccl()")
+echo "[cuda-build] CUDA + NCCL build of pyserve._C compiled, linked and imported in $(( $(date +%s) - start ))s"

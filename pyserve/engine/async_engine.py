@@ -46,10 +46,27 @@ class AsyncEngine:
         self._log_interval = core.config.scheduler.log_stats_interval
         self._last_log = time.monotonic()
         self._last_tokens = (0, 0)
+        self.dead_reason: str | None = None
+        self.died = asyncio.Event()  # set once the engine can never step again
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._step_loop(), name="pyserve-steps")
+        if self._task is None and self.dead_reason is None:
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._step_loop(), name="pyserve-steps")
+            self.core.on_executor_failure(
+                lambda reason: loop.call_soon_threadsafe(self._engine_died, reason))
+
+    def _engine_died(self, reason: str) -> None:
+        """A tensor-parallel rank is gone: stop stepping, fail every open stream."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        if self._task is not None:
+            self._task.cancel()
+        for request_id, queue in list(self._streams.items()):
+            self.core.abort(request_id)
+            queue.put_nowait(EngineDeadError(f"the engine died: {reason}"))
+        self.died.set()
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -60,12 +77,15 @@ class AsyncEngine:
                 pass
             self._task = None
         self._model_thread.shutdown(wait=True)
+        self.core.shutdown()
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                     prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Admits the request now (ValueError if it can never run) and returns its stream.
         Leaving the iteration early (break, cancellation, a client gone) aborts the request;
         a stream never iterated must be ended with abort()."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine died: {self.dead_reason}")
         self.start()
         self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
         queue: asyncio.Queue = asyncio.Queue()

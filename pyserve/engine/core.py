@@ -19,11 +19,14 @@ from pyserve.engine.sampling_params import SamplingParams
 from pyserve.engine.scheduler import ScheduledRequest, Scheduler
 from pyserve.engine.stats import EngineStats, now
 from pyserve.engine.stop import append_token
-from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, allocate_kv_caches, bytes_per_block
+from pyserve.executor import executor_class
+from pyserve.executor.shard import ShardSpec, check_tensor_parallel
+from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, bytes_per_block
 from pyserve.kv.manager import KVCacheManager
 from pyserve.model.errors import ModelLoadError
-from pyserve.model.loader import load_model, resolve_dtype
-from pyserve.model.runner import ModelRunner, PreparedBatch, StepResult
+from pyserve.model.layers.parallel import kv_heads_per_rank
+from pyserve.model.loader import resolve_dtype
+from pyserve.model.runner import PreparedBatch, StepResult
 from pyserve.model.source import resolve_model
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 from pyserve.tokenizer.tokenizer import load_tokenizer
@@ -58,9 +61,6 @@ class EngineCore:
     def __init__(self, config: Config):
         self.config = config
         t0 = time.perf_counter()
-        if config.parallel.tensor_parallel_size > 1:
-            raise ModelLoadError("--tensor-parallel-size > 1 is not supported yet (single-process "
-                                 "executor only); use --tensor-parallel-size 1")
         source = resolve_model(config.model)
         self.model_name = source.name
         self.arch = arch = source.arch
@@ -69,14 +69,13 @@ class EngineCore:
         self.max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
         self.tokenizer = load_tokenizer(source.tokenizer_path)
         self.eos_token_ids = self._eos_ids(source)
+        tp = config.parallel.tensor_parallel_size
+        check_tensor_parallel(arch, tp)
+        executor_cls = executor_class(config.parallel)
         torch.manual_seed(config.model.seed)
-        model = load_model(arch, source.path, config.model.load_format, self.dtype, self.device,
-                           self.max_model_len, config.model.seed)
-        logger.info("loaded %s (%s, %s, %s) in %.2fs", arch.architecture, source.path,
-                    str(self.dtype).removeprefix("torch."), self.device, time.perf_counter() - t0)
 
         block_size = config.cache.block_size
-        per_block = bytes_per_block(arch, arch.num_kv_heads, block_size, self.dtype)
+        per_block = bytes_per_block(arch, kv_heads_per_rank(arch.num_kv_heads, tp), block_size, self.dtype)
         budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
         num_blocks = budget // per_block
         need = -(-self.max_model_len // block_size)
@@ -85,15 +84,19 @@ class EngineCore:
                 f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
                 f"hold one sequence of --max-model-len {self.max_model_len} ({need} blocks); raise "
                 "--kv-cache-memory or lower --max-model-len")
-        kv_caches = allocate_kv_caches(arch, arch.num_kv_heads, num_blocks, block_size,
-                                       self.dtype, self.device)
-        logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
-                    "max concurrency at %d tokens: %.1fx", num_blocks, block_size,
-                    num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
+        spec = ShardSpec(arch, source.path, config.model.load_format, self.dtype, self.device.type,
+                         self.max_model_len, config.model.seed, block_size, num_blocks, tp)
+        self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
+        logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
+                    arch.architecture, source.path, str(self.dtype).removeprefix("torch."),
+                    self.device, time.perf_counter() - t0, self.executor.description, tp)
+        logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
+                    "max concurrency at %d tokens: %.1fx", " per rank" if tp > 1 else "", num_blocks,
+                    block_size, num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
                     self.max_model_len, num_blocks / need)
         self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(model, kv_caches, block_size, self.device, config.model.seed)
+        self.runner = self.executor.runner
         self._arrivals = itertools.count()
         self._groups: dict[str, RequestGroup] = {}
         self.stats = EngineStats()
@@ -217,7 +220,15 @@ class EngineCore:
         return self.runner.prepare(batch)
 
     def run(self, prepared: PreparedBatch) -> StepResult:
-        return self.runner.run(prepared)
+        return self.executor.execute(prepared)
+
+    def on_executor_failure(self, callback) -> None:
+        """callback(reason), from another thread, when a tensor-parallel worker dies."""
+        self.executor.on_failure(callback)
+
+    def shutdown(self) -> None:
+        """Stops the worker processes, if any. The engine cannot step afterwards."""
+        self.executor.shutdown()
 
     def process(self, batch: list[ScheduledRequest], result: StepResult) -> list[RequestOutput]:
         """Applies a step's results; returns the outputs due (per each request's output_kind).

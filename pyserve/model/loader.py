@@ -35,13 +35,33 @@ def safetensors_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.safetensors"))
 
 
-def iterate_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+class CheckpointSlice:
+    """A checkpoint tensor not read yet: each weight loader reads only its rank's rows or
+    columns (narrow), or the whole tensor ([...]), so a tensor-parallel rank never
+    materialises the full weight. Valid while its file is open."""
+
+    def __init__(self, handle, name: str):
+        self._slice = handle.get_slice(name)
+        self.shape = tuple(self._slice.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._slice[tuple(index)]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        if index is not Ellipsis:
+            raise TypeError("CheckpointSlice reads whole tensors ([...]) or narrow() slices")
+        return self._slice[:]
+
+
+def iterate_safetensors(files: list[Path]) -> Iterator[tuple[str, CheckpointSlice]]:
     from safetensors import safe_open
 
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, CheckpointSlice(f, name)
 
 
 def _fill_random(model: torch.nn.Module, seed: int) -> None:

@@ -1,6 +1,11 @@
 """One step on the device: scheduled requests -> input tensors (prepare, on the event loop,
 where request state lives) -> forward and sampling (run, safe to call from the model thread:
-it touches only the prepared tensors, the model and the sampling requests' generators)."""
+it touches only the prepared tensors, the model and the sampling requests' generators).
+
+Under tensor parallelism every rank runs execute_model on the same ForwardInputs (rank 0
+prepares them; the executor ships them to the others); only rank 0 gets logits and samples.
+All the step's logits, sampled rows and prompt-logprob rows alike, come from one
+compute_logits call, because that call is a collective every rank must make exactly once."""
 
 from __future__ import annotations
 
@@ -35,11 +40,29 @@ class PromptLogprobs:
 
 
 @dataclass
-class PreparedBatch:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+class ForwardInputs:
+    """What every tensor-parallel rank needs for the forward pass; host tensors."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
-    sample_rows: torch.Tensor  # rows of the hidden states whose logits are sampled
+    logits_rows: torch.Tensor  # [R] int64: rows of the hidden states that need logits
+
+    def to(self, device: torch.device) -> ForwardInputs:
+        if device.type == "cpu":
+            return self
+        move = lambda t: t.to(device, non_blocking=True)
+        m = self.meta
+        return ForwardInputs(move(self.input_ids), move(self.positions),
+                             AttentionMetadata(move(m.slot_mapping), move(m.block_tables),
+                                               move(m.query_start_loc), move(m.seq_lens)),
+                             move(self.logits_rows))
+
+
+@dataclass
+class PreparedBatch:
+    inputs: ForwardInputs
+    num_sampled: int  # logits rows [0, num_sampled) are sampled, in batch order
     sampling: SamplingMetadata | None
     prompt_logprobs: list[PromptLogprobsRequest] = field(default_factory=list)
 
@@ -86,37 +109,55 @@ class ModelRunner:
             tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             if s.samples:
                 sample_rows.append(starts[-1] - 1)
-        dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=tables,
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         )
+        logits_rows = sample_rows + [row for p in prompt_lp for row in p.rows]
+        inputs = ForwardInputs(torch.tensor(input_ids, dtype=torch.int64),
+                               torch.tensor(positions, dtype=torch.int64), meta,
+                               torch.tensor(logits_rows, dtype=torch.int64))
         sampling_requests = [s.request for s in batch if s.samples]
         return PreparedBatch(
-            torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev), meta,
-            torch.tensor(sample_rows, dtype=torch.int64, device=dev),
-            build_metadata(sampling_requests, self.vocab_size, dev) if sampling_requests else None,
+            inputs, len(sample_rows),
+            build_metadata(sampling_requests, self.vocab_size, self.device) if sampling_requests else None,
             prompt_lp)
 
     @torch.inference_mode()
+    def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
+        """The forward pass -> float32 logits of inputs.logits_rows (None on ranks other than
+        0, or when no row needs logits)."""
+        inputs = inputs.to(self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if inputs.logits_rows.numel() == 0:
+            return None
+        logits = self.model.compute_logits(hidden[inputs.logits_rows])
+        return None if logits is None else logits.float()
+
+    @torch.inference_mode()
     def run(self, batch: PreparedBatch) -> StepResult:
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        logits = self.execute_model(batch.inputs)
         sampled = None
         if batch.sampling is not None:
-            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
-            sampled = sample(logits, batch.sampling, self.generator)
-        return StepResult(sampled, [self._prompt_logprobs(hidden, p) for p in batch.prompt_logprobs])
+            sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
+        prompt_logprobs, row = [], batch.num_sampled
+        for request in batch.prompt_logprobs:
+            n = len(request.rows)
+            prompt_logprobs.append(_prompt_logprobs(logits[row: row + n], request))
+            row += n
+        return StepResult(sampled, prompt_logprobs)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, req: PromptLogprobsRequest) -> PromptLogprobs:
-        logprobs = self.model.compute_logits(hidden[req.rows]).float().log_softmax(dim=-1)
-        targets = torch.tensor(req.targets, device=logprobs.device)[:, None]
-        picked = logprobs.gather(1, targets)
-        ranks = (logprobs > picked).sum(dim=-1) + 1
-        top = logprobs.topk(req.k, dim=-1) if req.k > 0 else None
-        n = len(req.rows)
-        return PromptLogprobs(req.request_id, req.first_position, picked[:, 0].tolist(), ranks.tolist(),
-                              top.indices.tolist() if top else [[]] * n,
-                              top.values.tolist() if top else [[]] * n)
+
+@torch.inference_mode()
+def _prompt_logprobs(logits: torch.Tensor, req: PromptLogprobsRequest) -> PromptLogprobs:
+    logprobs = logits.log_softmax(dim=-1)
+    targets = torch.tensor(req.targets, device=logprobs.device)[:, None]
+    picked = logprobs.gather(1, targets)
+    ranks = (logprobs > picked).sum(dim=-1) + 1
+    top = logprobs.topk(req.k, dim=-1) if req.k > 0 else None
+    n = len(req.rows)
+    return PromptLogprobs(req.request_id, req.first_position, picked[:, 0].tolist(), ranks.tolist(),
+                          top.indices.tolist() if top else [[]] * n,
+                          top.values.tolist() if top else [[]] * n)

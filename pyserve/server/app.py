@@ -32,6 +32,8 @@ PUBLIC_PATHS = frozenset({"/health", "/ping", "/version"})
 # /health turns 503 when work is pending and no step has finished for this long (the longest
 # CPU step, a full 2048-token prefill of a 135M model, takes about 5 s on two cores).
 STALL_LIMIT_S = 60.0
+# how long a dead engine's server keeps answering /health with 503 before it exits
+ENGINE_DEAD_EXIT_DELAY_S = 1.0
 
 
 class ServerState:
@@ -165,7 +167,9 @@ async def serve(config: Config) -> int:
         server.close()
         return 1
     step("engine built (model, KV cache, scheduler)", t)
-    logger.info("start-up: executor: single process, tensor-parallel size 1 (ranks: 0)")
+    tp = config.parallel.tensor_parallel_size
+    logger.info("start-up: executor: %s, tensor-parallel size %d (ranks: %s)", core.executor.description,
+                tp, ", ".join(f"{rank} (pid {pid})" for rank, pid in enumerate(core.executor.rank_pids)))
     t = time.perf_counter()
     await loop.run_in_executor(None, core.profile_run)
     step(f"profiling and warm-up forward at --max-num-batched-tokens "
@@ -180,7 +184,16 @@ async def serve(config: Config) -> int:
     logger.info("start-up: ready in %.2fs; serving %s on http://%s:%d", time.perf_counter() - t0,
                 core.model_name, config.server.host, config.server.port)
 
-    await stop.wait()
+    await asyncio.wait({asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.died.wait())},
+                       return_when=asyncio.FIRST_COMPLETED)
+    if engine.dead_reason is not None:
+        # /health answers 503 "dead" for a moment, so a supervisor polling it sees why we go
+        logger.error("the engine died (%s); exiting", engine.dead_reason)
+        state.phase = "dead"
+        await asyncio.sleep(ENGINE_DEAD_EXIT_DELAY_S)
+        server.close()
+        await engine.shutdown()
+        return 1
     logger.info("shutting down: no new requests; up to %.0fs for running ones", grace["s"])
     state.phase = "shutting down"
     server.close()  # stop accepting connections

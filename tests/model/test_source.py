@@ -94,8 +94,10 @@ def test_dummy_weights_need_no_checkpoint(tiny_model_factory, tmp_path):
     assert len(out[0].outputs[0].token_ids) == 5
 
 
-def test_tensor_parallel_is_refused_until_it_exists(tiny_model_factory):
+def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(tiny_model_factory):
     from pyserve import LLM
 
-    with pytest.raises(ModelLoadError, match="--tensor-parallel-size"):
-        LLM(str(tiny_model_factory("llama")), tensor_parallel_size=2)
+    # 4 query heads, 2 KV heads, intermediate 128: 3 ranks cannot split them
+    with pytest.raises(ModelLoadError, match="--tensor-parallel-size 3 does not divide the model's "
+                                             "num_attention_heads"):
+        LLM(str(tiny_model_factory("llama")), tensor_parallel_size=3)

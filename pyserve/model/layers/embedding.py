@@ -20,18 +20,29 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self._load
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        rows = min(self.rows_per_rank, loaded.shape[0] - self.vocab_start)
-        param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
+        rows = max(0, min(self.rows_per_rank, loaded.shape[0] - self.vocab_start))
+        if rows:
+            param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.tp.size > 1:
-            raise NotImplementedError("tensor-parallel embedding arrives with the TP executor")
-        return F.embedding(input_ids, self.weight)
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        # each rank looks up the ids in its rows and contributes zeros for the others
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.rows_per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
+
+    def logits(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+        """[n, vocab_size] on rank 0, None on the other ranks: only rank 0 samples."""
+        if self.tp.size == 1:
+            return F.linear(hidden, self.weight)[:, :vocab_size]
+        gathered = self.tp.gather_to_first(F.linear(hidden, self.weight))  # [size, n, rows]
+        if gathered is None:
+            return None
+        return gathered.permute(1, 0, 2).reshape(hidden.shape[0], -1)[:, :vocab_size]
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits over this rank's vocabulary rows; shares the embedding when tied."""
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+    """The untied output projection; a tied model computes logits with its embedding."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 
 
 def _param(shape, dtype, loader) -> nn.Parameter:
@@ -52,7 +52,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool, dtype: torch.dtype, tp: TPGroup = SINGLE):
-        self.num_kv_heads_per_rank = max(1, num_kv_heads // tp.size)
+        self.num_kv_heads_per_rank = kv_heads_per_rank(num_kv_heads, tp.size)
         self.kv_replicas = max(1, tp.size // num_kv_heads)
         kv_out = self.num_kv_heads_per_rank * head_dim * tp.size
         super().__init__(hidden_size, [num_heads * head_dim, kv_out, kv_out], bias, dtype, tp)
@@ -66,8 +66,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(nn.Module):
-    """y = x W^T + b with W's input columns split across ranks; the partial sums of the ranks
-    are reduced by the caller's communicator (none at tensor-parallel size 1)."""
+    """y = x W^T + b with W's input columns split across ranks; the ranks' partial sums are
+    added through the group's communicator, so every rank ends with the full y."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, dtype: torch.dtype,
                  tp: TPGroup = SINGLE):
@@ -82,9 +82,11 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.tp.rank * n, n))
 
     def _load_bias(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        param.data.copy_(loaded)
+        param.data.copy_(loaded[...])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp.size > 1:
-            raise NotImplementedError("tensor-parallel reduction arrives with the TP executor")
-        return F.linear(x, self.weight, self.bias)
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        # the bias joins after the reduction, once rather than once per rank
+        return out if self.bias is None else out + self.bias

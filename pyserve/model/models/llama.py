@@ -116,11 +116,13 @@ class LlamaForCausalLM(nn.Module):
         """-> hidden states [T, hidden_size]."""
         return self.model(input_ids, positions, kv_caches, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.lm_head.weight)[:, : self.arch.vocab_size]
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[n, vocab] on rank 0; None on the other tensor-parallel ranks."""
+        return self.lm_head.logits(hidden, self.arch.vocab_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copies checkpoint tensors into place; returns the parameter names filled."""
+        """Copies checkpoint tensors into place; returns the parameter names filled. A weight
+        may be a tensor or a not-yet-read checkpoint slice (narrow() and [...] read it)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
         for name, tensor in weights:
@@ -138,7 +140,7 @@ class LlamaForCausalLM(nn.Module):
                 continue  # tensors the model does not use (e.g. extra heads)
             loader = getattr(param, "weight_loader", None)
             if loader is None:
-                param.data.copy_(tensor)
+                param.data.copy_(tensor[...])
             elif shard is None:
                 loader(param, tensor)
             else:

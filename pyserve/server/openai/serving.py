@@ -12,7 +12,7 @@ import orjson
 from pathlib import Path
 
 from pyserve.config import ServerConfig
-from pyserve.engine.async_engine import AsyncEngine
+from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from pyserve.server.errors import APIError, error_body
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import field, sampling_params
@@ -134,6 +134,8 @@ class OpenAIServing:
             for rid, _ in streams:
                 self.engine.abort(rid)
             raise APIError(400, str(exc), _param_of(str(exc))) from None
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc)) from None
         return streams
 
     async def completions(self, request: Request) -> Response | StreamingResponse:

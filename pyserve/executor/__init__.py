@@ -1,0 +1,32 @@
+"""Executors run each step's forward pass on every tensor-parallel rank.
+
+    single process (uni): rank 0 only, in this process; tensor-parallel size 1.
+    multiprocess (mp):    rank 0 in this process, ranks 1..N-1 in spawned worker processes,
+                          in lock step through pyserve._C's communicators.
+
+Both take a ShardSpec and offer execute(batch) -> StepResult, shutdown() and
+on_failure(callback). executor_class() is the one place that picks: a Ray executor for
+multi-node serving would be a third class behind the same interface."""
+
+from __future__ import annotations
+
+from pyserve.config import ParallelConfig
+from pyserve.model.errors import ModelLoadError
+
+
+def executor_class(parallel: ParallelConfig):
+    backend = parallel.distributed_executor_backend
+    if backend is None:
+        backend = "mp" if parallel.tensor_parallel_size > 1 else "uni"
+    if backend == "uni":
+        if parallel.tensor_parallel_size > 1:
+            raise ModelLoadError("--distributed-executor-backend uni runs one rank only; use mp "
+                                 "for --tensor-parallel-size > 1")
+        from pyserve.executor.uniproc import UniprocExecutor
+
+        return UniprocExecutor
+    if backend == "mp":
+        from pyserve.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor
+    raise ModelLoadError(f"--distributed-executor-backend {backend} is not available; use mp or uni")

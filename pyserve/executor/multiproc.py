@@ -1,0 +1,145 @@
+"""The multiprocess executor: rank 0 runs in this process (the model thread drives it), ranks
+1..N-1 in worker processes spawned at start-up, all in lock step.
+
+Each step rank 0 broadcasts the step's inputs through shared memory, then every rank runs
+the forward pass; the layers' all-reduces and the logits gather go through pyserve._C's
+communicator (shared memory on the CPU, NCCL on CUDA). A watchdog thread waits on the
+workers' process sentinels: a worker that exits (outside shutdown) aborts the communicator,
+so any collective in flight on rank 0 raises at once instead of hanging, and the failure
+callback tells the engine. Shutdown aborts the communicator too, which ends the workers'
+wait for the next step; stragglers are terminated, so no rank outlives the server. The
+shared-memory segment's name is unlinked as soon as every rank has attached, so nothing is
+left in /dev/shm however the processes end."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+import torch
+
+from pyserve import _native
+from pyserve.executor.shard import ShardSpec, build_model_runner
+from pyserve.executor.step_channel import StepChannel
+from pyserve.executor.worker import WorkerArgs, worker_main
+from pyserve.model.errors import ModelLoadError
+from pyserve.model.layers.parallel import TPGroup
+from pyserve.model.runner import PreparedBatch, StepResult
+
+logger = logging.getLogger("pyserve")
+
+# Larger collectives go through a slot in chunks; this bounds the segment, not the tensors.
+MAX_SLOT_BYTES = 32 << 20
+
+
+def slot_bytes(spec: ShardSpec, max_num_batched_tokens: int) -> int:
+    """Room for one step's hidden states in one piece."""
+    hidden = max_num_batched_tokens * spec.arch.hidden_size * spec.dtype.itemsize
+    return min(max(hidden, 1 << 20), MAX_SLOT_BYTES)
+
+
+class MultiprocExecutor:
+    description = "multiprocess"
+
+    def __init__(self, spec: ShardSpec, max_num_batched_tokens: int = 2048):
+        size = spec.tensor_parallel_size
+        if spec.device == "cuda" and _native.NcclCommunicator is None:
+            raise ModelLoadError("this build of pyserve._C has no NCCL: tensor parallelism on CUDA "
+                                 "needs NCCL at build time")
+        self.failure: str | None = None
+        self._callbacks: list[Callable[[str], None]] = []
+        self._stopping = threading.Event()
+        cpus = len(os.sched_getaffinity(0))
+        threads = max(1, cpus // size)
+        if spec.device == "cpu":
+            torch.set_num_threads(threads)  # the ranks share this machine's cores
+        name = f"/pyserve-tp-{os.getpid()}-{secrets.token_hex(6)}"
+        slot = slot_bytes(spec, max_num_batched_tokens)
+        self.comm = _native.ShmCommunicator(name, 0, size, slot, create=True)
+        nccl_id = _native.nccl_unique_id() if spec.device == "cuda" else None
+        ctx = mp.get_context("spawn")
+        self.workers = [ctx.Process(target=worker_main, name=f"pyserve-tp-rank{rank}", daemon=True,
+                                    args=(WorkerArgs(spec, rank, name, slot, threads, nccl_id),))
+                        for rank in range(1, size)]
+        for process in self.workers:
+            process.start()
+        self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        self._watchdog = threading.Thread(target=self._watch, name="pyserve-tp-watchdog", daemon=True)
+        self._watchdog.start()
+        # also runs if this executor is garbage-collected, and at interpreter exit
+        self._finalizer = weakref.finalize(self, _stop_workers, self._stopping, self._wake_w,
+                                           self.comm, self.workers)
+        try:
+            self.comm.barrier()  # every rank attached
+            self.comm.unlink()
+            model_comm = self.comm
+            if spec.device == "cuda":
+                torch.cuda.set_device(0)
+                model_comm = _native.NcclCommunicator(nccl_id, 0, size)
+            self.runner = build_model_runner(spec, TPGroup(0, size, model_comm))
+            self.comm.barrier()  # every rank loaded
+        except Exception as exc:
+            self.shutdown()
+            raise ModelLoadError(f"tensor-parallel start-up failed: {self.failure or exc}") from exc
+        self.channel = StepChannel(self.comm)
+        logger.info("tensor parallel: %d ranks (rank 0 pid %d, workers %s), %d thread(s) each",
+                    size, os.getpid(), ", ".join(str(p.pid) for p in self.workers), threads)
+
+    @property
+    def rank_pids(self) -> list[int]:
+        return [os.getpid(), *(p.pid for p in self.workers)]
+
+    def execute(self, batch: PreparedBatch) -> StepResult:
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        self.channel.send(batch.inputs)
+        return self.runner.run(batch)
+
+    def on_failure(self, callback: Callable[[str], None]) -> None:
+        """callback(reason) runs on the watchdog thread when a worker dies outside shutdown."""
+        self._callbacks.append(callback)
+        if self.failure is not None:
+            callback(self.failure)
+
+    def _watch(self) -> None:
+        sentinels = {p.sentinel: p for p in self.workers}
+        ready = wait([*sentinels, self._wake_r])
+        if self._stopping.is_set():
+            return
+        dead = [sentinels[s] for s in ready if s in sentinels]
+        if not dead:
+            return
+        process = dead[0]
+        process.join(0.5)  # the sentinel can fire just before the exit status exists
+        self.failure = (f"tensor-parallel worker {process.name} (pid {process.pid}) exited with "
+                        f"code {process.exitcode}")
+        logger.error("%s; the engine cannot continue", self.failure)
+        self.comm.abort()
+        for callback in self._callbacks:
+            callback(self.failure)
+
+    def shutdown(self) -> None:
+        self._finalizer()  # runs once
+
+
+def _stop_workers(stopping: threading.Event, wake_watchdog, comm, workers: list,
+                  timeout: float = 5.0) -> None:
+    """Ends the workers: the abort wakes them from their wait for the next step."""
+    stopping.set()
+    wake_watchdog.send_bytes(b"x")
+    comm.abort()
+    comm.unlink()
+    deadline = time.monotonic() + timeout
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in workers:
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
