@@ -87,6 +87,8 @@ PYBIND11_MODULE(_C, m) {
       .def("all_gather", &ShmCommunicator::all_gather, py::arg("tensor"), release())
       .def("gather", &ShmCommunicator::gather, py::arg("tensor"), py::arg("root") = 0, release())
       .def("broadcast", &ShmCommunicator::broadcast, py::arg("tensor"), py::arg("root") = 0, release())
+      .def("broadcast_tensors", &ShmCommunicator::broadcast_tensors, py::arg("tensors"),
+           py::arg("root") = 0, release())
       .def("barrier", &ShmCommunicator::barrier, release())
       .def("abort", &ShmCommunicator::abort)
       .def("unlink", &ShmCommunicator::unlink)

@@ -245,4 +245,63 @@ void ShmCommunicator::broadcast(torch::Tensor& tensor, int64_t root) {
   });
 }
 
+std::vector<torch::Tensor> ShmCommunicator::broadcast_tensors(
+    const std::vector<torch::Tensor>& tensors, int64_t root) {
+  TORCH_CHECK(root >= 0 && root < world_size_, "broadcast_tensors: root out of range");
+  // The message: [total bytes, count, size of each], then each tensor's bytes.
+  std::vector<uint8_t> message;
+  if (rank_ == root) {
+    std::vector<uint64_t> head{0, tensors.size()};
+    uint64_t body = 0;
+    for (const auto& t : tensors) {
+      check_host_contiguous(t, "broadcast_tensors");
+      head.push_back(t.numel() * t.element_size());
+      body += head.back();
+    }
+    head[0] = head.size() * sizeof(uint64_t) + body;
+    TORCH_CHECK(head.size() * sizeof(uint64_t) <= static_cast<size_t>(slot_bytes_),
+                "broadcast_tensors: too many tensors for one slot");
+    message.resize(head[0]);
+    std::memcpy(message.data(), head.data(), head.size() * sizeof(uint64_t));
+    size_t at = head.size() * sizeof(uint64_t);
+    for (const auto& t : tensors) {
+      std::memcpy(message.data() + at, t.data_ptr(), t.numel() * t.element_size());
+      at += t.numel() * t.element_size();
+    }
+  }
+  if (world_size_ > 1) {
+    uint64_t total = message.size();
+    uint64_t offset = 0;
+    do {  // the first chunk tells the receivers the total
+      uint64_t len = 0;
+      if (rank_ == root) {
+        len = std::min<uint64_t>(slot_bytes_, total - offset);
+        std::memcpy(slot(root), message.data() + offset, len);
+      }
+      sync();
+      if (rank_ != root) {
+        if (offset == 0) {
+          std::memcpy(&total, slot(root), sizeof(total));
+          message.resize(total);
+        }
+        len = std::min<uint64_t>(slot_bytes_, total - offset);
+        std::memcpy(message.data() + offset, slot(root), len);
+      }
+      sync();
+      offset += len;
+    } while (offset < total);
+  }
+  const auto* head = reinterpret_cast<const uint64_t*>(message.data());
+  const uint64_t count = head[1];
+  std::vector<torch::Tensor> out;
+  size_t at = (2 + count) * sizeof(uint64_t);
+  for (uint64_t i = 0; i < count; ++i) {
+    auto t = torch::empty({static_cast<int64_t>(head[2 + i])}, torch::kUInt8);
+    std::memcpy(t.data_ptr(), message.data() + at, head[2 + i]);
+    at += head[2 + i];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace pyserve

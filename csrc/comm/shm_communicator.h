@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -36,6 +37,10 @@ class ShmCommunicator {
   torch::Tensor all_gather(const torch::Tensor& tensor);        // -> [world, *shape]
   torch::Tensor gather(const torch::Tensor& tensor, int64_t root);  // root: [world, *shape]
   void broadcast(torch::Tensor& tensor, int64_t root);          // in place
+  // root sends its tensors' bytes as one message; every rank returns them as uint8 tensors
+  // (the receivers need not know the sizes beforehand). Two meetings for a small message.
+  std::vector<torch::Tensor> broadcast_tensors(const std::vector<torch::Tensor>& tensors,
+                                               int64_t root);
   void barrier();
   void abort();
   bool aborted() const;

@@ -117,3 +117,17 @@ def test_non_contiguous_or_wrong_device_tensors_are_refused():
     (comm,) = make_pair(world=1)
     with pytest.raises(RuntimeError, match="contiguous"):
         comm.all_reduce(torch.zeros(4, 4).t())
+
+
+def test_broadcast_tensors_carries_sizes_the_receivers_do_not_know():
+    comms = make_pair(world=3)
+    sent = [torch.arange(2000, dtype=torch.int64), torch.empty(0, dtype=torch.int32),
+            torch.tensor([1.5, -2.0])]
+
+    def run(comm):
+        return comm.broadcast_tensors(sent if comm.rank == 0 else [], 0)
+
+    for received in on_all_ranks(comms, run):  # 16 KB through a 4 KB slot
+        assert [t.dtype for t in received] == [torch.uint8] * 3
+        for a, b in zip(sent, received):
+            assert torch.equal(a.view(torch.uint8), b)
