@@ -74,6 +74,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("linear", &pyserve::cpu::linear, py::arg("out"), py::arg("x"), py::arg("weight"),
+        py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);
 
   // Collectives wait for the other ranks: they release the GIL so the rest of the process

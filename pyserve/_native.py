@@ -16,3 +16,4 @@ built_with_nccl = _C.built_with_nccl
 ShmCommunicator = _C.ShmCommunicator
 NcclCommunicator = getattr(_C, "NcclCommunicator", None)  # CUDA builds with NCCL only
 nccl_unique_id = getattr(_C, "nccl_unique_id", None)
+linear = _C.linear

@@ -28,4 +28,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
 
+// out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) for the small M of decode steps; x, out and
+// bias float32, weight float32 or bfloat16 (widened in registers, float32 accumulation).
+void linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+            const c10::optional<at::Tensor>& bias);
+
 }  // namespace pyserve::cpu

@@ -57,6 +57,13 @@ def resolve_max_model_len(requested: int | None, arch) -> int:
     return length
 
 
+def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
+    name = lambda d: str(d).removeprefix("torch.")
+    if weight_dtype == dtype:
+        return name(dtype)
+    return f"{name(weight_dtype)} weights, {name(dtype)} activations"
+
+
 class EngineCore:
     def __init__(self, config: Config):
         self.config = config
@@ -65,7 +72,7 @@ class EngineCore:
         self.model_name = source.name
         self.arch = arch = source.arch
         self.device = resolve_device(config.device.device)
-        self.dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, self.device)
+        self.dtype, self.weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, self.device)
         self.max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
         self.tokenizer = load_tokenizer(source.tokenizer_path)
         self.eos_token_ids = self._eos_ids(source)
@@ -85,10 +92,11 @@ class EngineCore:
                 f"hold one sequence of --max-model-len {self.max_model_len} ({need} blocks); raise "
                 "--kv-cache-memory or lower --max-model-len")
         spec = ShardSpec(arch, source.path, config.model.load_format, self.dtype, self.device.type,
-                         self.max_model_len, config.model.seed, block_size, num_blocks, tp)
+                         self.max_model_len, config.model.seed, block_size, num_blocks, tp,
+                         self.weight_dtype)
         self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
-                    arch.architecture, source.path, str(self.dtype).removeprefix("torch."),
+                    arch.architecture, source.path, _dtype_name(self.dtype, self.weight_dtype),
                     self.device, time.perf_counter() - t0, self.executor.description, tp)
         logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
                     "max concurrency at %d tokens: %.1fx", " per rank" if tp > 1 else "", num_blocks,

@@ -17,14 +17,34 @@ from pyserve.model.registry import model_class
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
-    """auto: float32 on the CPU (no fast bf16 GEMM on AVX2, and exact agreement with
-    float32 references); on CUDA the checkpoint's half type, bfloat16 for float32 ones."""
-    if requested != "auto":
-        return _DTYPES[requested]
+def resolve_dtype(requested: str, checkpoint_dtype: str | None,
+                  device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """-> (activation dtype, weight dtype).
+    CPU: activations (and the KV cache) are float32, as no AVX2 machine multiplies bfloat16
+    fast; bfloat16 means bfloat16 *weights* (linear layers and embeddings), widened in
+    registers, which halves the bytes a decode step reads. auto is float32, exact against
+    float32 references. CUDA: auto is the checkpoint's half type (bfloat16 for float32 ones),
+    for activations and weights alike."""
     if device.type == "cpu":
-        return torch.float32
-    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+        if requested == "bfloat16":
+            return torch.float32, torch.bfloat16
+        dtype = torch.float32 if requested == "auto" else _DTYPES[requested]
+        return dtype, dtype
+    if requested != "auto":
+        return _DTYPES[requested], _DTYPES[requested]
+    dtype = torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+    return dtype, dtype
+
+
+def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
+    """Stores the linear layers' and embeddings' weights in weight_dtype (after loading them
+    at full precision); norms, biases and rotary tables keep the activation dtype."""
+    from pyserve.model.layers.embedding import VocabParallelEmbedding
+    from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            module.weight.data = module.weight.data.to(weight_dtype)
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -75,7 +95,15 @@ def _fill_random(model: torch.nn.Module, seed: int) -> None:
 
 def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype,
                device: torch.device, max_positions: int, seed: int,
-               tp: TPGroup = SINGLE) -> torch.nn.Module:
+               tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp)
+    if weight_dtype is not None and weight_dtype != dtype:
+        narrow_weights(model, weight_dtype)
+    return model
+
+
+def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, device: torch.device,
+          max_positions: int, seed: int, tp: TPGroup) -> torch.nn.Module:
     cls = model_class(arch.architecture)
     with torch.device(device):
         model = cls(arch, max_positions, dtype, tp)

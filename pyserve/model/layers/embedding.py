@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyserve.model.layers.linear import apply_linear
 from pyserve.model.layers.parallel import SINGLE, TPGroup
 
 
@@ -13,6 +14,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
         super().__init__()
         self.tp = tp
+        self.dtype = dtype  # of the activations; the table may be stored narrower
         self.rows_per_rank = -(-vocab_size // tp.size)
         self.vocab_start = tp.rank * self.rows_per_rank
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size, dtype=dtype),
@@ -27,18 +29,18 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+            return F.embedding(input_ids, self.weight).to(self.dtype)
         # each rank looks up the ids in its rows and contributes zeros for the others
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.rows_per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).to(self.dtype)
         return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
 
     def logits(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
         """[n, vocab_size] on rank 0, None on the other ranks: only rank 0 samples."""
         if self.tp.size == 1:
-            return F.linear(hidden, self.weight)[:, :vocab_size]
-        gathered = self.tp.gather_to_first(F.linear(hidden, self.weight))  # [size, n, rows]
+            return apply_linear(hidden, self.weight)[:, :vocab_size]
+        gathered = self.tp.gather_to_first(apply_linear(hidden, self.weight))  # [size, n, rows]
         if gathered is None:
             return None
         return gathered.permute(1, 0, 2).reshape(hidden.shape[0], -1)[:, :vocab_size]

@@ -8,7 +8,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyserve import _native
 from pyserve.model.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
+
+# Up to this many rows (a decode step's batch) our CPU kernel, which streams each weight once
+# and widens bfloat16 in registers, runs the layer; above it the layer is compute-bound and
+# BLAS's float32 GEMM wins, even after widening a bfloat16 weight first.
+SMALL_BATCH_ROWS = 16
+
+
+def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] · weight [N, K]ᵀ + bias, in x's dtype. The weight may be stored narrower than x
+    (bfloat16 weights under float32 activations on the CPU: half the bytes to read)."""
+    if weight.dtype != x.dtype and x.is_cpu and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+        out = x.new_empty(x.shape[0], weight.shape[0])
+        _native.linear(out, x.contiguous(), weight, bias)
+        return out
+    return F.linear(x, weight.to(x.dtype), bias)
 
 
 def _param(shape, dtype, loader) -> nn.Parameter:
@@ -43,7 +59,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return apply_linear(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -86,7 +102,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return apply_linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(apply_linear(x, self.weight))
         # the bias joins after the reduction, once rather than once per rank
         return out if self.bias is None else out + self.bias
