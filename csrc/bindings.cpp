@@ -27,13 +27,75 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   cpu::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
 }
 
+void check_paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                           const at::Tensor& value_cache, const at::Tensor& block_tables,
+                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens) {
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "key_cache and value_cache must both be [num_blocks, num_kv_heads, block_size, head_size]");
+  TORCH_CHECK(key_cache.stride(3) == 1 && value_cache.stride(3) == 1,
+              "the caches must be contiguous in head_size");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_size]");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1, "out must match query");
+  TORCH_CHECK(query.size(2) == key_cache.size(3), "query head_size differs from the cache's");
+  TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() && out.scalar_type() == query.scalar_type() &&
+                  value_cache.scalar_type() == key_cache.scalar_type(),
+              "query, out and caches must share one dtype");
+  for (const at::Tensor* t : {&out, &key_cache, &value_cache, &block_tables, &query_start_loc, &seq_lens})
+    TORCH_CHECK(t->device() == query.device(), "paged_attention: all tensors must be on one device");
+  for (const at::Tensor* t : {&block_tables, &query_start_loc, &seq_lens})
+    TORCH_CHECK(t->scalar_type() == at::kInt, "block_tables, query_start_loc and seq_lens must be int32");
+  TORCH_CHECK(query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_tables.dim() == 2 &&
+                  block_tables.stride(1) == 1,
+              "metadata tensors must be contiguous");
+  TORCH_CHECK(query_start_loc.numel() == seq_lens.numel() + 1 && block_tables.size(0) >= seq_lens.numel(),
+              "query_start_loc needs num_seqs + 1 entries and block_tables num_seqs rows");
+}
+
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+  check_paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens);
+#ifdef PYSERVE_CUDA
+  if (query.is_cuda())
+    return cuda::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc,
+                                 seq_lens, scale);
+#endif
   TORCH_CHECK(query.device().is_cpu(), "paged_attention: no kernel for device ", query.device());
   cpu::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
                        scale);
 }
+
+// The fused layer ops: CUDA kernels for CUDA tensors, the CPU twins otherwise.
+#ifdef PYSERVE_CUDA
+#define PYSERVE_DISPATCH(tensor, call) \
+  if ((tensor).is_cuda()) return cuda::call; \
+  return cpu::call;
+#else
+#define PYSERVE_DISPATCH(tensor, call) \
+  TORCH_CHECK((tensor).device().is_cpu(), "no kernel for device ", (tensor).device()); \
+  return cpu::call;
+#endif
+
+void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double epsilon) {
+  PYSERVE_DISPATCH(input, rms_norm(out, input, weight, epsilon))
+}
+
+void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
+                        double epsilon) {
+  PYSERVE_DISPATCH(input, fused_add_rms_norm(input, residual, weight, epsilon))
+}
+
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optional<at::Tensor> key,
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox) {
+  PYSERVE_DISPATCH(query, rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox))
+}
+
+void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
+  PYSERVE_DISPATCH(input, silu_and_mul(out, input))
+}
+
+#undef PYSERVE_DISPATCH
 
 bool built_with_cuda() {
 #ifdef PYSERVE_CUDA
@@ -76,6 +138,15 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear", &pyserve::cpu::linear, py::arg("out"), py::arg("x"), py::arg("weight"),
         py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &pyserve::rms_norm, py::arg("out"), py::arg("input"), py::arg("weight"),
+        py::arg("epsilon"), py::call_guard<py::gil_scoped_release>());
+  m.def("fused_add_rms_norm", &pyserve::fused_add_rms_norm, py::arg("input"), py::arg("residual"),
+        py::arg("weight"), py::arg("epsilon"), py::call_guard<py::gil_scoped_release>());
+  m.def("rotary_embedding", &pyserve::rotary_embedding, py::arg("positions"), py::arg("query"),
+        py::arg("key"), py::arg("head_size"), py::arg("cos_sin_cache"), py::arg("is_neox"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("silu_and_mul", &pyserve::silu_and_mul, py::arg("out"), py::arg("input"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);
 
   // Collectives wait for the other ranks: they release the GIL so the rest of the process

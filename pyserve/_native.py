@@ -17,3 +17,7 @@ ShmCommunicator = _C.ShmCommunicator
 NcclCommunicator = getattr(_C, "NcclCommunicator", None)  # CUDA builds with NCCL only
 nccl_unique_id = getattr(_C, "nccl_unique_id", None)
 linear = _C.linear
+rms_norm = _C.rms_norm
+fused_add_rms_norm = _C.fused_add_rms_norm
+rotary_embedding = _C.rotary_embedding
+silu_and_mul = _C.silu_and_mul

@@ -179,22 +179,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
-  check_cache(key_cache, "key_cache");
-  check_cache(value_cache, "value_cache");
-  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "query must be [num_tokens, num_heads, head_size]");
-  TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1, "out must match query");
-  TORCH_CHECK(query.size(2) == key_cache.size(3), "query head_size differs from the cache's");
-  TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() && out.scalar_type() == query.scalar_type() &&
-                  value_cache.scalar_type() == key_cache.scalar_type(),
-              "query, out and caches must share one dtype");
-  for (const at::Tensor* t : {&block_tables, &query_start_loc, &seq_lens})
-    TORCH_CHECK(t->scalar_type() == at::kInt, "block_tables, query_start_loc and seq_lens must be int32");
-  TORCH_CHECK(query_start_loc.is_contiguous() && seq_lens.is_contiguous() && block_tables.dim() == 2 &&
-                  block_tables.stride(1) == 1,
-              "metadata tensors must be contiguous");
-  TORCH_CHECK(query_start_loc.numel() == seq_lens.numel() + 1 && block_tables.size(0) >= seq_lens.numel(),
-              "query_start_loc needs num_seqs + 1 entries and block_tables num_seqs rows");
+  // arguments checked by the dispatcher in bindings.cpp, shared with the CUDA kernel
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     paged_attention_impl<scalar_t>(out, query, key_cache, value_cache, block_tables, query_start_loc,
                                    seq_lens, static_cast<float>(scale));

@@ -19,6 +19,8 @@ namespace pyserve::cpu {
 namespace {
 
 #ifdef PYSERVE_AVX2
+constexpr int kPrefetchBytes = 4096;
+
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {
   // bfloat16 is the top half of a float32: widen and shift into place
@@ -46,6 +48,10 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_
     for (int m = 0; m < MB; ++m)
       for (int j = 0; j < NB; ++j) acc[u][m][j] = _mm256_setzero_ps();
   for (; k + 8 * KU <= K; k += 8 * KU) {
+    // one core keeps too few misses in flight for the hardware prefetcher alone to reach the
+    // memory bandwidth; ask for the weights 4 KiB ahead (past this row: the next)
+    for (int j = 0; j < NB; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * K + k) + kPrefetchBytes, _MM_HINT_T0);
     for (int u = 0; u < KU; ++u) {
       __m256 wv[NB];
       for (int j = 0; j < NB; ++j) wv[j] = load8(w + j * K + k + 8 * u);
@@ -90,7 +96,7 @@ void linear_impl(const float* x, const W* w, const float* bias, float* out, int6
         case 4: rows<4, 2, 1>(xm, K, w, K, n0, n1, om, N); break;
         case 3: rows<3, 2, 1>(xm, K, w, K, n0, n1, om, N); break;
         case 2: rows<2, 2, 2>(xm, K, w, K, n0, n1, om, N); break;
-        default: rows<1, 4, 2>(xm, K, w, K, n0, n1, om, N); break;
+        default: rows<1, 1, 4>(xm, K, w, K, n0, n1, om, N); break;
       }
       if (bias != nullptr)
         for (int64_t r = m; r < std::min<int64_t>(m + 4, M); ++r)

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace pyserve::cpu {
 
 // Writes each new token's key/value into its slot of the paged cache.
@@ -32,5 +34,18 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 // bias float32, weight float32 or bfloat16 (widened in registers, float32 accumulation).
 void linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
             const c10::optional<at::Tensor>& bias);
+
+// The fused layer ops, with the contracts of their CUDA twins in csrc/cuda/ops.h:
+// rms_norm: out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32;
+// fused_add_rms_norm: in place, residual = input + residual, input = rms_norm(residual);
+// rotary_embedding: in place on query and key, cos_sin_cache [max_position, rot_dim] =
+// cat(cos, sin) in float32, neox (halves) or GPT-J (pairs) style;
+// silu_and_mul: out[..., :d] = silu(input[..., :d]) * input[..., d:].
+void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double epsilon);
+void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
+                        double epsilon);
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optional<at::Tensor> key,
+                      int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox);
+void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 
 }  // namespace pyserve::cpu

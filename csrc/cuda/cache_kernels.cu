@@ -18,7 +18,8 @@ __global__ void reshape_and_cache_kernel(const scalar_t* __restrict__ key,
                                          scalar_t* __restrict__ key_cache,
                                          scalar_t* __restrict__ value_cache,
                                          const int64_t* __restrict__ slot_mapping,
-                                         int64_t key_stride, int64_t head_stride, int num_heads,
+                                         int64_t key_stride, int64_t key_head_stride,
+                                         int64_t value_stride, int64_t value_head_stride, int num_heads,
                                          int head_size, int block_size, int64_t cache_block_stride,
                                          int64_t cache_head_stride) {
   const int64_t token = blockIdx.x;
@@ -27,10 +28,9 @@ __global__ void reshape_and_cache_kernel(const scalar_t* __restrict__ key,
   const int64_t block = slot / block_size, offset = slot % block_size;
   for (int i = threadIdx.x; i < num_heads * head_size; i += blockDim.x) {
     const int head = i / head_size, d = i % head_size;
-    const int64_t src = token * key_stride + head * head_stride + d;
     const int64_t dst = block * cache_block_stride + head * cache_head_stride + offset * head_size + d;
-    key_cache[dst] = key[src];
-    value_cache[dst] = value[src];
+    key_cache[dst] = key[token * key_stride + head * key_head_stride + d];
+    value_cache[dst] = value[token * value_stride + head * value_head_stride + d];
   }
 }
 
@@ -38,8 +38,10 @@ __global__ void reshape_and_cache_kernel(const scalar_t* __restrict__ key,
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_mapping) {
-  TORCH_CHECK(key.stride(0) == value.stride(0) && key.stride(1) == value.stride(1),
-              "key and value must share strides");
+  // key and value may have different strides: k comes out of the rotary embedding, v is a
+  // view of the fused qkv projection.
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 && value.stride(2) == 1,
+              "key and value must both be [num_tokens, num_kv_heads, head_size], contiguous in head_size");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   const c10::cuda::CUDAGuard guard(key.device());
   const int num_tokens = key.size(0), num_heads = key.size(1), head_size = key.size(2);
@@ -50,7 +52,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
     reshape_and_cache_kernel<scalar_t><<<num_tokens, threads, 0, stream>>>(
         key.data_ptr<scalar_t>(), value.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(),
         value_cache.data_ptr<scalar_t>(), slot_mapping.data_ptr<int64_t>(), key.stride(0),
-        key.stride(1), num_heads, head_size, key_cache.size(2), key_cache.stride(0),
+        key.stride(1), value.stride(0), value.stride(1), num_heads, head_size, key_cache.size(2),
+        key_cache.stride(0),
         key_cache.stride(1));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -184,12 +184,21 @@ class EngineCore:
                 self.stats.on_finished(child, now())
                 self.scheduler.finish(child)
 
-    def profile_run(self) -> float:
-        """One forward pass over a full --max-num-batched-tokens batch of dummy prompts, spread
-        over up to --max-num-seqs sequences (the start-up profiling and warm-up run); returns
-        its seconds. Blocks are borrowed from the
-        pool and returned."""
+    def warmup_tokens(self) -> int:
+        """Tokens in the start-up forward. On CUDA a full --max-num-batched-tokens step, whose
+        peak memory sizes the KV cache; on the CPU, where --kv-cache-memory sizes it, one token
+        for each of --max-num-seqs sequences is warm-up enough (every kernel and allocation
+        path runs once) and costs a fraction of a second instead of seconds."""
         budget = self.config.scheduler.max_num_batched_tokens
+        if self.device.type == "cpu":
+            return min(budget, self.config.scheduler.max_num_seqs)
+        return budget
+
+    def profile_run(self, num_tokens: int | None = None) -> float:
+        """One forward pass over num_tokens (default: --max-num-batched-tokens) of dummy
+        prompts, spread over up to --max-num-seqs sequences (the start-up profiling and warm-up
+        run); returns its seconds. Blocks are borrowed from the pool and returned."""
+        budget = num_tokens or self.config.scheduler.max_num_batched_tokens
         # spread over as many sequences as a step may hold, as vLLM's dummy run does
         num_seqs = min(self.config.scheduler.max_num_seqs, budget)
         per_seq = min(-(-budget // num_seqs), self.max_model_len - 1)

@@ -171,9 +171,9 @@ async def serve(config: Config) -> int:
     logger.info("start-up: executor: %s, tensor-parallel size %d (ranks: %s)", core.executor.description,
                 tp, ", ".join(f"{rank} (pid {pid})" for rank, pid in enumerate(core.executor.rank_pids)))
     t = time.perf_counter()
-    await loop.run_in_executor(None, core.profile_run)
-    step(f"profiling and warm-up forward at --max-num-batched-tokens "
-         f"{config.scheduler.max_num_batched_tokens}", t)
+    warmup = core.warmup_tokens()
+    await loop.run_in_executor(None, core.profile_run, warmup)
+    step(f"profiling and warm-up forward over {warmup} tokens", t)
     engine = AsyncEngine(core)
     engine.start()
     engine.last_progress = time.monotonic()

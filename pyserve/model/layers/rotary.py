@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from pyserve import _native
+
 
 def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float) / head_dim
@@ -42,10 +44,15 @@ class RotaryEmbedding(nn.Module):
         freqs = positions[:, None] * inv_freq[None, :]
         self.register_buffer("cos", freqs.cos(), persistent=False)  # [max_positions, head_dim/2]
         self.register_buffer("sin", freqs.sin(), persistent=False)
+        # the native kernel's table: [max_positions, head_dim] = cat(cos, sin)
+        self.register_buffer("cos_sin", torch.cat((self.cos, self.sin), dim=-1), persistent=False)
         self.head_dim = head_dim
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies."""
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place on the CPU, else copies)."""
+        if q.is_cpu and q.dtype == torch.float32:
+            _native.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin, True)
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
