@@ -7,7 +7,9 @@ prompt gets the next chunk), then waiting requests are admitted while the budget
 and free blocks allow. This one mechanism gives continuous batching and chunked prefill.
 
 A waiting request is admitted with whatever leading full blocks the prefix cache already
-holds (num_computed_tokens starts past them).
+holds (num_computed_tokens starts past them). One whose next prompt block is being computed
+right now by a running request waits a step instead, and then finds it cached: a burst of
+requests sharing a long prefix computes it once, not once per request.
 
 When a running request cannot get the blocks its tokens need, the lowest-priority request
 (largest (priority, arrival) key) is preempted: its blocks are freed and it waits again with
@@ -80,13 +82,17 @@ class Scheduler:
                 budget -= n
             i = self._index_after(request)
 
-        while (not preempted and self.waiting and budget > 0
+        i = 0
+        while (not preempted and i < len(self.waiting) and budget > 0
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self.waiting[i]
+            if self.kv.prefix_in_flight(request):
+                i += 1  # let the request that computes the shared prefix finish it
+                continue
             n = self.kv.allocate_new_request(request, budget)
             if n is None:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled.append(ScheduledRequest(request, n))

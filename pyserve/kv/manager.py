@@ -15,6 +15,10 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of which found cached
+        # hash -> how many running requests are computing that full prompt block right now,
+        # and, per request id, the hashes it counts for (in block order)
+        self._computing: dict[bytes, int] = {}
+        self._pending: dict[str, list[bytes]] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -59,10 +63,41 @@ class KVCacheManager:
         request.block_ids = hits + self.pool.allocate(new_blocks)
         request.num_computed_tokens = cached_tokens
         request.num_cached_blocks = len(hits)
+        pending = request.block_hashes[len(hits):] if self.enable_prefix_caching else []
+        if pending:
+            self._pending[request.request_id] = list(pending)
+            for h in pending:
+                self._computing[h] = self._computing.get(h, 0) + 1
         if request.num_preemptions == 0:
             self.prefix_queries += request.num_tokens
             self.prefix_hits += cached_tokens
         return n
+
+    def prefix_in_flight(self, request: Request) -> bool:
+        """The block after the waiting request's cached prefix is being computed by a running
+        request: admitted one step later, it would find that block (and what follows it)
+        cached instead of computing it a second time."""
+        if not self.enable_prefix_caching or not self._computing:
+            return False
+        hits = self._cached_prefix(request)
+        hashes = request.block_hashes
+        return len(hits) < len(hashes) and hashes[len(hits)] in self._computing
+
+    def _done_computing(self, request: Request, num_blocks: int | None = None) -> None:
+        """The request no longer computes its first num_blocks pending blocks (all if None)."""
+        pending = self._pending.get(request.request_id)
+        if not pending:
+            return
+        done = pending if num_blocks is None else pending[:num_blocks]
+        for h in done:
+            left = self._computing[h] - 1
+            if left:
+                self._computing[h] = left
+            else:
+                del self._computing[h]
+        del pending[:len(done)]
+        if not pending:
+            del self._pending[request.request_id]
 
     def allocate_slots(self, request: Request, num_tokens: int) -> bool:
         """Grows request's block table to hold num_tokens tokens; False (nothing taken) if the
@@ -86,6 +121,7 @@ class KVCacheManager:
                             full * self.block_size)
         for i in range(request.num_cached_blocks, full):
             self.pool.cache(request.block_ids[i], request.block_hashes[i])
+        self._done_computing(request, full - request.num_cached_blocks)
         request.num_cached_blocks = full
 
     def free(self, request: Request) -> None:
@@ -93,6 +129,7 @@ class KVCacheManager:
         before its (more shareable) head."""
         if request.block_ids:
             self.pool.free(request.block_ids[::-1])
+            self._done_computing(request)
             request.block_ids = []
         request.num_cached_blocks = 0
 

@@ -115,3 +115,13 @@ def test_failures_say_why():
         return await request_completions(_input("http://127.0.0.1:9", "/v1/completions"), session)
     r = asyncio.run(_serve(not_found, refused))
     assert not r.success and "ClientConnectorError" in r.error
+
+
+def test_usage_in_the_same_event_as_the_last_choice_is_read():
+    # llama-server sends its usage beside the final choice, not in an event of its own
+    last = b"data: " + json.dumps({"choices": [{"index": 0, "text": "c", "finish_reason": "length"}],
+                                   "usage": {"prompt_tokens": 5, "completion_tokens": 9}}).encode() + b"\n\n"
+    r = asyncio.run(_serve(_streamer([_chunk("a"), _chunk("b"), last]), lambda url, s: request_completions(
+        _input(url, "/v1/completions"), s)))
+    assert r.success and r.generated_text == "abc"
+    assert (r.output_tokens, r.prompt_len) == (9, 5)

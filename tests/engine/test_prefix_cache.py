@@ -76,3 +76,42 @@ def test_eviction_under_pressure_and_preemption_keep_outputs(model_dir):
     kv = small.engine.kv
     assert kv.pool.num_evictions > 0
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once(model_dir):
+    """Requests arriving together wait one step for the first to compute the shared blocks,
+    then take them from the cache; outputs are those of a run without caching."""
+    on = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16)
+    off = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, enable_prefix_caching=False)
+    ids = prompts(on.get_tokenizer())
+    core = on.engine
+    for i, p in enumerate(ids):
+        core.add_request(f"r{i}", p, GREEDY)
+    first = core.schedule()
+    assert [s.request.request_id for s in first] == ["r0"]  # the others wait for its blocks
+    outputs = {o.request_id: o for o in core.process(first, core.run(core.prepare(first)))}
+    second = core.schedule()
+    admitted = [s for s in second if s.request.request_id != "r0"]
+    assert len(admitted) == 3
+    assert all(s.request.num_computed_tokens >= 4 * 16 for s in admitted)  # cached prefix
+    for o in core.process(second, core.run(core.prepare(second))):
+        outputs[o.request_id] = o
+    while core.has_unfinished():
+        for o in core.step():
+            outputs[o.request_id] = o
+    reference = off.generate([{"prompt_token_ids": p} for p in ids], GREEDY)
+    assert [outputs[f"r{i}"].outputs[0].token_ids for i in range(4)] == \
+           [o.outputs[0].token_ids for o in reference]
+    assert core.kv.num_free_blocks == core.kv.num_blocks and not core.kv._computing
+
+
+def test_a_preempted_or_aborted_prefix_owner_releases_the_waiters(model_dir):
+    on = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16)
+    ids = prompts(on.get_tokenizer())
+    core = on.engine
+    core.add_request("owner", ids[0], GREEDY)
+    core.add_request("waiter", ids[1], GREEDY)
+    assert [s.request.request_id for s in core.schedule()] == ["owner"]
+    core.abort("owner")  # before its step ran: its blocks were never cached
+    assert [s.request.request_id for s in core.schedule()] == ["waiter"]
+    assert not core.kv._computing or all(core.kv._computing.values())
