@@ -32,11 +32,14 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore, model_thread: ThreadPoolExecutor | None = None):
+        """model_thread: the one thread that runs the model. Pass the thread that built the
+        core and ran its warm-up: torch's OpenMP keeps a team of worker threads per calling
+        thread, and two teams spinning on two cores cost a decode step a third of its speed."""
         self.core = core
         self._streams: dict[str, asyncio.Queue] = {}
         self._has_work = asyncio.Event()
-        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
+        self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
         self._task: asyncio.Task | None = None
         # loop-busy accounting: time on the loop vs time awaiting the model, summed over steps
         self.loop_busy_s = 0.0

@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
@@ -153,7 +154,9 @@ async def serve(config: Config) -> int:
     from pyserve.engine.core import EngineCore
     from pyserve.model.errors import ModelLoadError
 
-    build = loop.run_in_executor(None, EngineCore, config)
+    # Everything that runs the model (loading, warm-up, steps) runs on this one thread.
+    model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
+    build = loop.run_in_executor(model_thread, EngineCore, config)
     done, _ = await asyncio.wait({build, asyncio.ensure_future(stop.wait())},
                                  return_when=asyncio.FIRST_COMPLETED)
     if build not in done:
@@ -172,9 +175,9 @@ async def serve(config: Config) -> int:
                 tp, ", ".join(f"{rank} (pid {pid})" for rank, pid in enumerate(core.executor.rank_pids)))
     t = time.perf_counter()
     warmup = core.warmup_tokens()
-    await loop.run_in_executor(None, core.profile_run, warmup)
+    await loop.run_in_executor(model_thread, core.profile_run, warmup)
     step(f"profiling and warm-up forward over {warmup} tokens", t)
-    engine = AsyncEngine(core)
+    engine = AsyncEngine(core, model_thread)
     engine.start()
     engine.last_progress = time.monotonic()
     state.engine = engine
