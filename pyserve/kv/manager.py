@@ -76,12 +76,16 @@ class KVCacheManager:
     def prefix_in_flight(self, request: Request) -> bool:
         """The block after the waiting request's cached prefix is being computed by a running
         request: admitted one step later, it would find that block (and what follows it)
-        cached instead of computing it a second time."""
-        if not self.enable_prefix_caching or not self._computing:
+        cached instead of computing it a second time. Checked on hashes alone, without pool
+        lookups: a hash names its whole prefix, so a computing block's predecessors are all
+        cached or computing too, and any match is the first uncached block or follows it."""
+        if (not self.enable_prefix_caching or not self._computing
+                or request.params.prompt_logprobs is not None):
             return False
-        hits = self._cached_prefix(request)
-        hashes = request.block_hashes
-        return len(hits) < len(hashes) and hashes[len(hits)] in self._computing
+        usable = (request.num_tokens - 1) // self.block_size
+        extend_block_hashes(request.block_hashes, request.token_ids(), self.block_size,
+                            usable * self.block_size)
+        return any(h in self._computing for h in request.block_hashes[:usable])
 
     def _done_computing(self, request: Request, num_blocks: int | None = None) -> None:
         """The request no longer computes its first num_blocks pending blocks (all if None)."""
