@@ -136,8 +136,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &pyserve::cpu::linear, py::arg("out"), py::arg("x"), py::arg("weight"),
-        py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("pack_linear_weight", &pyserve::cpu::pack_linear_weight, py::arg("weight"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("unpack_linear_weight", &pyserve::cpu::unpack_linear_weight, py::arg("packed"),
+        py::arg("n"), py::call_guard<py::gil_scoped_release>());
+  m.def("packed_linear", &pyserve::cpu::packed_linear, py::arg("out"), py::arg("x"),
+        py::arg("packed"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &pyserve::rms_norm, py::arg("out"), py::arg("input"), py::arg("weight"),
         py::arg("epsilon"), py::call_guard<py::gil_scoped_release>());
   m.def("fused_add_rms_norm", &pyserve::fused_add_rms_norm, py::arg("input"), py::arg("residual"),

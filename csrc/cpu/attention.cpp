@@ -4,6 +4,9 @@
 // num_kv_heads query heads walk the sequence's blocks once, each keeping an online softmax
 // (running max m, running sum l, unnormalised output acc, all float32) so that no score matrix
 // is ever materialised and memory stays O(head_size) per head whatever the context length.
+// Head sizes 64, 128 and 256 take a SIMD path (a block's scores for all G heads, their
+// exponentials a vector at a time, then the value rows into register accumulators); others
+// take the plain loop, which is also the specification of both.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -11,9 +14,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/ops.h"
+#include "cpu/vec.h"
 
 namespace pyserve::cpu {
 namespace {
@@ -66,6 +71,82 @@ void reshape_and_cache_impl(const at::Tensor& key, const at::Tensor& value, at::
   });
 }
 
+#ifdef PYSERVE_VEC
+// One work item of the SIMD path: query row t's G heads of one KV head against keys
+// [0, num_keys) of its sequence. qf holds the G query heads, scaled, as float32.
+template <int D, typename scalar_t>
+void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t num_keys,
+                 const scalar_t* k_head, const scalar_t* v_head, int64_t block_stride,
+                 int64_t token_stride, int64_t block_size, float* scores, float* acc, float* m,
+                 float* l) {
+  using namespace simd;
+  constexpr int NV = D / kLanes;
+  const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t g = 0; g < group; ++g) {
+    m[g] = neg_inf;
+    l[g] = 0.f;
+    for (int v = 0; v < NV; ++v) store(acc + g * D + v * kLanes, zero());
+  }
+  for (int64_t first = 0; first < num_keys; first += block_size) {
+    const int64_t block = table[first / block_size];
+    const int64_t n = std::min(block_size, num_keys - first);
+    const scalar_t* kb = k_head + block * block_stride;
+    const scalar_t* vb = v_head + block * block_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      vec k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = load(kb + j * token_stride + v * kLanes);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* q = qf + g * D;
+        vec dot = mul(load(q), k[0]);
+        for (int v = 1; v < NV; ++v) dot = fma(load(q + v * kLanes), k[v], dot);
+        scores[g * padded + j] = reduce_add(dot);
+      }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      float* s = scores + g * padded;
+      for (int64_t j = n; j < padded; ++j) s[j] = neg_inf;
+      vec block_max = load(s);
+      for (int64_t c = kLanes; c < padded; c += kLanes) block_max = max(block_max, load(s + c));
+      const float new_max = std::max(m[g], reduce_max(block_max));
+      const float correction = m[g] == neg_inf ? 0.f : std::exp(m[g] - new_max);
+      const vec shift = set1(new_max);
+      for (int64_t c = 0; c < padded; c += kLanes) store(s + c, exp_nonpositive(sub(load(s + c), shift)));
+      float sum = 0.f;
+      for (int64_t j = 0; j < n; ++j) sum += s[j];  // the padding's tiny values left out
+      l[g] = l[g] * correction + sum;
+      m[g] = new_max;
+      vec out[NV];
+      const vec corr = set1(correction);
+      for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + g * D + v * kLanes), corr);
+      for (int64_t j = 0; j < n; ++j) {
+        const vec p = set1(s[j]);
+        const scalar_t* vj = vb + j * token_stride;
+        for (int v = 0; v < NV; ++v) out[v] = fma(p, load(vj + v * kLanes), out[v]);
+      }
+      for (int v = 0; v < NV; ++v) store(acc + g * D + v * kLanes, out[v]);
+    }
+  }
+}
+
+template <typename scalar_t>
+using attend_fn = void (*)(const float*, int64_t, const int32_t*, int64_t, const scalar_t*,
+                           const scalar_t*, int64_t, int64_t, int64_t, float*, float*, float*, float*);
+
+// The SIMD path for this cache type and head size, or nullptr (then the plain loop runs).
+template <typename scalar_t>
+attend_fn<scalar_t> simd_attention(int64_t head_size) {
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    return nullptr;
+  } else {
+    return head_size == 64    ? &attend_simd<64, scalar_t>
+           : head_size == 128 ? &attend_simd<128, scalar_t>
+           : head_size == 256 ? &attend_simd<256, scalar_t>
+                              : nullptr;
+  }
+}
+#endif
+
 template <typename scalar_t>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                           const at::Tensor& value_cache, const at::Tensor& block_tables,
@@ -97,6 +178,41 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   const scalar_t* vc = value_cache.data_ptr<scalar_t>();
   scalar_t* o = out.data_ptr<scalar_t>();
   const float neg_inf = -std::numeric_limits<float>::infinity();
+
+#ifdef PYSERVE_VEC
+  const auto simd_path = simd_attention<scalar_t>(head_size);
+  if (simd_path != nullptr && key_cache.stride(3) == 1 && value_cache.stride(3) == 1 &&
+      key_cache.strides() == value_cache.strides()) {
+    at::parallel_for(0, num_tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+      const int64_t padded = (block_size + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
+      std::vector<float> qf(group * head_size), acc(group * head_size), m(group), l(group);
+      std::vector<float> scores(group * padded);
+      for (int64_t work = begin; work < end; ++work) {
+        const int64_t t = work / num_kv_heads, kv_head = work % num_kv_heads;
+        const int32_t b = row_seq[t];
+        if (b < 0) continue;
+        const int64_t q_len = starts[b + 1] - starts[b];
+        const int64_t num_keys = lens[b] - q_len + (t - starts[b]) + 1;
+        for (int64_t g = 0; g < group; ++g) {
+          const scalar_t* qs = q + t * query.stride(0) + (kv_head * group + g) * query.stride(1);
+          for (int64_t d = 0; d < head_size; ++d)
+            qf[g * head_size + d] = static_cast<float>(qs[d]) * scale;
+        }
+        simd_path(qf.data(), group, tables + b * table_stride, num_keys,
+                  kc + kv_head * key_cache.stride(1), vc + kv_head * value_cache.stride(1),
+                  key_cache.stride(0), key_cache.stride(2), block_size, scores.data(), acc.data(),
+                  m.data(), l.data());
+        for (int64_t g = 0; g < group; ++g) {
+          scalar_t* os = o + t * out.stride(0) + (kv_head * group + g) * out.stride(1);
+          const float inv = 1.f / l[g];
+          for (int64_t d = 0; d < head_size; ++d)
+            os[d] = static_cast<scalar_t>(acc[g * head_size + d] * inv);
+        }
+      }
+    });
+    return;
+  }
+#endif
 
   at::parallel_for(0, num_tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * head_size), acc(group * head_size), m(group), l(group);

@@ -30,10 +30,15 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
 
-// out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) for the small M of decode steps; x, out and
-// bias float32, weight float32 or bfloat16 (widened in registers, float32 accumulation).
-void linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-            const c10::optional<at::Tensor>& bias);
+// Linear layers: pack_linear_weight repacks weight [N, K] (float32 or bfloat16) once into
+// panels of 32 output columns, [ceil(N / 32), K, 32], zero-padded; packed_linear computes
+// out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) from it, x, out and bias float32, with
+// float32 accumulation (a bfloat16 weight is widened in registers); unpack_linear_weight
+// gives back the float32 [N, K] weight, for the GEMM of steps with many rows.
+at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
+void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                   const c10::optional<at::Tensor>& bias);
 
 // The fused layer ops, with the contracts of their CUDA twins in csrc/cuda/ops.h:
 // rms_norm: out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32;

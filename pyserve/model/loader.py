@@ -47,6 +47,18 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
             module.weight.data = module.weight.data.to(weight_dtype)
 
 
+def pack_weights(model: torch.nn.Module) -> None:
+    """On the CPU with float32 activations: linear layers and embeddings keep their weights
+    in the packed layout of our CPU linear kernel (see layers/linear.py)."""
+    from pyserve.model.layers.embedding import VocabParallelEmbedding
+    from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear, pack_for_cpu
+
+    for module in model.modules():
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+            if module.weight.dtype in (torch.float32, torch.bfloat16):
+                pack_for_cpu(module)
+
+
 def safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -99,6 +111,8 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
     model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp)
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
+    if device.type == "cpu" and dtype == torch.float32:
+        pack_weights(model)
     return model
 
 

@@ -108,6 +108,36 @@ def test_paged_attention_matches_reference(dtype, block_size, head_size, num_kv_
         torch.testing.assert_close(out[rows].float(), expected, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [256, 96])  # the widest SIMD path; a size only the plain loop takes
+def test_paged_attention_other_head_sizes(dtype, head_size):
+    specs = BATCHES["mixed"]
+    key_cache, value_cache, block_tables, kv = make_batch(specs, 2, head_size, 16, dtype, seed=3)
+    query = torch.randn(sum(q for _, q in specs), 6, head_size).to(dtype)
+    starts = torch.tensor([0] + [sum(q for _, q in specs[: i + 1]) for i in range(len(specs))],
+                          dtype=torch.int32)
+    out = torch.empty_like(query)
+    _native.paged_attention(out, query, key_cache, value_cache, block_tables, starts,
+                            torch.tensor([c for c, _ in specs], dtype=torch.int32), head_size ** -0.5)
+    for i, (ctx, q_len) in enumerate(specs):
+        rows = slice(int(starts[i]), int(starts[i + 1]))
+        expected = reference_attention(query[rows], kv[i][0], kv[i][1], q_len, head_size ** -0.5)
+        torch.testing.assert_close(out[rows].float(), expected, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_paged_attention_is_exact_for_one_key_and_large_score_gaps():
+    """Softmax weights below e^-87 (where the kernel's exponential clamps) and a context of one
+    key (weight exactly 1) both give the reference's output."""
+    specs = [(1, 1), (40, 1)]
+    kc, vc, tables, kv = make_batch(specs, 1, 64, 16, torch.float32, seed=5)
+    query = torch.randn(2, 2, 64) * 40  # scores spread over hundreds
+    starts = torch.tensor([0, 1, 2], dtype=torch.int32)
+    out = torch.empty_like(query)
+    _native.paged_attention(out, query, kc, vc, tables, starts, torch.tensor([1, 40], dtype=torch.int32), 0.125)
+    torch.testing.assert_close(out[0], kv[0][1][0].expand(2, 64), atol=0, rtol=0)
+    torch.testing.assert_close(out[1:], reference_attention(query[1:], *kv[1], 1, 0.125), atol=2e-5, rtol=2e-5)
+
+
 def test_paged_attention_accepts_strided_query():
     """The model hands q as a view into the fused qkv projection."""
     specs = [(20, 4)]

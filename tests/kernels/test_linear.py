@@ -1,34 +1,78 @@
-"""The CPU small-batch linear kernel against torch's F.linear on the same (widened) weights."""
+"""The CPU packed linear kernel against torch's F.linear on the same (widened) weights, and the
+layers that use it against their unpacked selves."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pyserve import _native
+from pyserve.model.layers.embedding import VocabParallelEmbedding
+from pyserve.model.layers.linear import PACKED_MAX_ROWS, ColumnParallelLinear, pack_for_cpu
+
+
+def _reference(x, weight, bias=None):
+    return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 16])
-@pytest.mark.parametrize("n,k", [(960, 576), (577, 1536), (3, 13)])  # odd N and K take the tails
-def test_linear_matches_torch(weight_dtype, m, n, k):
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 12, 13, 16, 40, 300])  # row tiles of 12 and their tails
+@pytest.mark.parametrize("n,k", [(960, 576), (577, 1536), (3, 13)])  # N not a multiple of 32
+def test_packed_linear_matches_torch(weight_dtype, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n)
     x = torch.randn(m, k, generator=gen)
     weight = torch.randn(n, k, generator=gen).to(weight_dtype)
     bias = torch.randn(n, generator=gen)
-    out = torch.empty(m, n)
-    _native.linear(out, x, weight, bias)
-    expected = F.linear(x.double(), weight.double(), bias.double()).float()
-    torch.testing.assert_close(out, expected, atol=1e-4 * k ** 0.5, rtol=1e-4)
-    _native.linear(out, x, weight)  # no bias
-    torch.testing.assert_close(out, F.linear(x.double(), weight.double()).float(),
-                               atol=1e-4 * k ** 0.5, rtol=1e-4)
+    packed = _native.pack_linear_weight(weight)
+    assert packed.shape == (-(-n // 32), k, 32) and packed.dtype == weight_dtype
+    out = torch.full((m, n), float("nan"))
+    _native.packed_linear(out, x, packed, bias)
+    torch.testing.assert_close(out, _reference(x, weight, bias), atol=1e-4 * k ** 0.5, rtol=1e-4)
+    _native.packed_linear(out, x, packed)  # no bias
+    torch.testing.assert_close(out, _reference(x, weight), atol=1e-4 * k ** 0.5, rtol=1e-4)
 
 
-def test_linear_refuses_what_it_cannot_do():
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_unpack_gives_back_the_weight_widened(weight_dtype):
+    weight = torch.randn(77, 40).to(weight_dtype)
+    unpacked = _native.unpack_linear_weight(_native.pack_linear_weight(weight), 77)
+    assert unpacked.dtype == torch.float32
+    assert torch.equal(unpacked, weight.float())
+
+
+def test_packed_linear_refuses_what_it_cannot_do():
+    packed = _native.pack_linear_weight(torch.randn(4, 8))
     out = torch.empty(2, 4)
     with pytest.raises(RuntimeError, match="float32"):
-        _native.linear(out, torch.randn(2, 8).double(), torch.randn(4, 8))
-    with pytest.raises(RuntimeError, match="\\[M, K\\]"):
-        _native.linear(out, torch.randn(2, 8), torch.randn(4, 9))
+        _native.packed_linear(out, torch.randn(2, 8).double(), packed)
+    with pytest.raises(RuntimeError, match="x has 9 columns, the weight 8"):
+        _native.packed_linear(out, torch.randn(2, 9), packed)
     with pytest.raises(RuntimeError, match="contiguous"):
-        _native.linear(out, torch.randn(8, 2).t(), torch.randn(4, 8))
+        _native.packed_linear(out, torch.randn(8, 2).t(), packed)
+    with pytest.raises(RuntimeError, match="out must be"):
+        _native.packed_linear(torch.empty(2, 40), torch.randn(2, 8), packed)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        _native.pack_linear_weight(torch.randn(4, 8).half())
+
+
+@pytest.mark.parametrize("rows", [1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1])  # both kernels
+def test_packed_layer_equals_unpacked(rows):
+    layer = ColumnParallelLinear(64, [48, 48], True, torch.float32)
+    layer.weight.data.normal_()
+    layer.bias.data.normal_()
+    x = torch.randn(rows, 64)
+    expected = layer(x)
+    pack_for_cpu(layer)
+    assert layer.weight.numel() == 0  # the unpacked copy is gone
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_embedding_looks_up_and_scores_like_the_table():
+    table = VocabParallelEmbedding(100, 24, torch.float32)
+    table.weight.data = torch.randn(100, 24).bfloat16()
+    ids = torch.tensor([0, 31, 32, 99, 5, 5])
+    expected_rows = table(ids)
+    hidden = torch.randn(3, 24)
+    expected_logits = table.logits(hidden, 100)
+    pack_for_cpu(table)
+    assert torch.equal(table(ids), expected_rows)
+    torch.testing.assert_close(table.logits(hidden, 100), expected_logits, atol=1e-5, rtol=1e-5)

@@ -20,6 +20,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size, dtype=dtype),
                                    requires_grad=False)
         self.weight.weight_loader = self._load
+        self.packed = None  # set by pack_for_cpu
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         rows = max(0, min(self.rows_per_rank, loaded.shape[0] - self.vocab_start))
@@ -27,20 +28,27 @@ class VocabParallelEmbedding(nn.Module):
             param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
         param.data[rows:].zero_()
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.embedding(ids, self.weight).to(self.dtype)
+        # the packed table is [rows / 32, hidden, 32]: row n is column n % 32 of panel n // 32
+        panel = self.packed.shape[2]
+        return self.packed[ids // panel, :, ids % panel].to(self.dtype)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight).to(self.dtype)
+            return self._lookup(input_ids)
         # each rank looks up the ids in its rows and contributes zeros for the others
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.rows_per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight).to(self.dtype)
+        out = self._lookup(local.masked_fill(outside, 0))
         return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
 
     def logits(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
         """[n, vocab_size] on rank 0, None on the other ranks: only rank 0 samples."""
         if self.tp.size == 1:
-            return apply_linear(hidden, self.weight)[:, :vocab_size]
-        gathered = self.tp.gather_to_first(apply_linear(hidden, self.weight))  # [size, n, rows]
+            return apply_linear(hidden, self)[:, :vocab_size]
+        gathered = self.tp.gather_to_first(apply_linear(hidden, self))  # [size, n, rows]
         if gathered is None:
             return None
         return gathered.permute(1, 0, 2).reshape(hidden.shape[0], -1)[:, :vocab_size]

@@ -11,20 +11,33 @@ from torch import nn
 from pyserve import _native
 from pyserve.model.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
 
-# Up to this many rows (a decode step's batch) our CPU kernel, which streams each weight once
-# and widens bfloat16 in registers, runs the layer; above it the layer is compute-bound and
-# BLAS's float32 GEMM wins, even after widening a bfloat16 weight first.
-SMALL_BATCH_ROWS = 16
+# Up to this many rows (decode steps, short chunks) our packed kernel runs a layer; above it a
+# step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
+# to float32 [N, K] for it (about 60 ms a step for SmolLM2-135M: 4% of a 2,048-token step).
+# benchmarks/linear.py measures both sides of this threshold.
+PACKED_MAX_ROWS = 256
 
 
-def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] · weight [N, K]ᵀ + bias, in x's dtype. The weight may be stored narrower than x
-    (bfloat16 weights under float32 activations on the CPU: half the bytes to read)."""
-    if weight.dtype != x.dtype and x.is_cpu and x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-        out = x.new_empty(x.shape[0], weight.shape[0])
-        _native.linear(out, x.contiguous(), weight, bias)
+def pack_for_cpu(layer: nn.Module) -> None:
+    """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU) by its packed form, which
+    only apply_linear and the embedding lookup read. The unpacked copy is freed."""
+    weight = layer.weight.data
+    layer.packed = _native.pack_linear_weight(weight)
+    layer.out_features = weight.shape[0]
+    layer.weight.data = weight.new_empty(0, weight.shape[1])
+
+
+def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] · layer's weight [N, K]ᵀ + bias, in x's dtype (float32 on the CPU, whose
+    weights may be stored as bfloat16: half the bytes to read)."""
+    packed = layer.packed
+    if packed is None:
+        return F.linear(x, layer.weight.to(x.dtype), bias)
+    if x.shape[0] <= PACKED_MAX_ROWS:
+        out = x.new_empty(x.shape[0], layer.out_features)
+        _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
-    return F.linear(x, weight.to(x.dtype), bias)
+    return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
 
 
 def _param(shape, dtype, loader) -> nn.Parameter:
@@ -47,6 +60,7 @@ class ColumnParallelLinear(nn.Module):
         out = sum(self.shard_sizes)
         self.weight = _param((out, input_size), dtype, self._load)
         self.bias = _param((out,), dtype, self._load) if bias else None
+        self.packed = None
 
     def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
         """Rows of the checkpoint tensor this rank takes for logical output shard_id."""
@@ -59,7 +73,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear(x, self.weight, self.bias)
+        return apply_linear(x, self, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -92,6 +106,7 @@ class RowParallelLinear(nn.Module):
         self.input_per_rank = tp.shard(input_size, "input size")
         self.weight = _param((output_size, self.input_per_rank), dtype, self._load_weight)
         self.bias = _param((output_size,), dtype, self._load_bias) if bias else None
+        self.packed = None
 
     def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         n = self.input_per_rank
@@ -102,7 +117,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return apply_linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(apply_linear(x, self.weight))
+            return apply_linear(x, self, self.bias)
+        out = self.tp.all_reduce(apply_linear(x, self))
         # the bias joins after the reduction, once rather than once per rank
         return out if self.bias is None else out + self.bias
