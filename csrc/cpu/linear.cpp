@@ -44,7 +44,8 @@ inline void tile(const float* x, int64_t ldx, const W* panel, int64_t K, float* 
     for (int v = 0; v < kVecs; ++v) acc[m][v] = zero();
   const char* ahead = reinterpret_cast<const char*>(panel) + kPrefetchBytes;
   for (int64_t k = 0; k < K; ++k) {
-    if ((k & 1) == 0) _mm_prefetch(ahead + k * kPanel * sizeof(W), _MM_HINT_T0);
+    for (int64_t line = 0; line < kPanel * int64_t(sizeof(W)); line += 64)
+      _mm_prefetch(ahead + k * kPanel * sizeof(W) + line, _MM_HINT_T0);
     vec w[kVecs];
     for (int v = 0; v < kVecs; ++v) w[v] = load(panel + k * kPanel + v * PYSERVE_VEC);
     for (int m = 0; m < MR; ++m) {
