@@ -138,6 +138,10 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("pack_linear_weight", &pyserve::cpu::pack_linear_weight, py::arg("weight"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),
+        py::arg("type"), py::call_guard<py::gil_scoped_release>());
+  m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("unpack_linear_weight", &pyserve::cpu::unpack_linear_weight, py::arg("packed"),
         py::arg("n"), py::call_guard<py::gil_scoped_release>());
   m.def("packed_linear", &pyserve::cpu::packed_linear, py::arg("out"), py::arg("x"),

@@ -1,61 +1,194 @@
-// Linear layers on the CPU: out[M, N] = x[M, K] · w[N, K]ᵀ (+ bias), x and out float32, w
-// float32 or bfloat16 (half the bytes to read; widened in registers, float32 accumulation).
+// Linear layers on the CPU: out[M, N] = x[M, K] · w[N, K]ᵀ (+ bias), x and out float32, w in
+// one of four formats, all widened to float32 in registers with float32 accumulation:
+// float32, bfloat16 (half the bytes), and GGUF's Q4_1 and Q8_0 blocks (5 and 8.5 bits a
+// weight), kept as the file has them so that a GGUF model reads a sixth of float32's bytes.
 //
 // The weight is repacked once, at load, into panels of kPanel = 32 output columns laid out
-// k-major ([N / 32][K][32]): the kernel then reads each panel as one contiguous stream and
-// computes an outer-product tile, MR rows of x × 32 columns, where each weight vector loaded
-// feeds MR FMAs and each broadcast x value feeds 32 / lanes. That keeps a decode step's
-// few rows at the memory bandwidth and a prefill's many rows near the FMA peak, where
-// BLAS on the unpacked weight managed about a third of either at 8 to 64 rows.
+// k-major: the kernel then reads each panel as one contiguous stream and computes an
+// outer-product tile, MR rows of x × 32 columns, where each weight vector loaded feeds MR FMAs
+// and each broadcast x value feeds 32 / lanes. That keeps a decode step's few rows at the
+// memory bandwidth and a prefill's many rows near the FMA peak, where BLAS on the unpacked
+// weight managed about a third of either at 8 to 64 rows.
+//
+// Panel layouts, in groups of 32 k (GGUF's blocks run along k, so each of its blocks becomes
+// one column of one group, with its own scale):
+//   float32 / bfloat16: [K][32] elements;
+//   Q4_1: per group d[32] and m[32] (float16), then 32 rows of 16 bytes, byte j holding
+//         column j's 4-bit q in its low nibble and column j + 16's in its high; w = d·q + m;
+//   Q8_0: per group d[32] (float16), then 32 rows of 32 int8; w = d·q.
+// Dequantized weights are computed exactly as the gguf package computes them (a product, then
+// a sum, each rounded to float32; this file is compiled with -ffp-contract=off), so a Q4_1
+// layer gives bitwise the results of the float32 layer holding its dequantized weights.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "cpu/ops.h"
-
 #include "cpu/vec.h"
 
 namespace pyserve::cpu {
 namespace {
 
 constexpr int64_t kPanel = 32;
+constexpr int64_t kGroup = 32;  // k per quantization block
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+template <typename W>
+struct FloatFormat {
+  static constexpr int64_t kGroupBytes = kGroup * kPanel * sizeof(W);
+  static int64_t panel_bytes(int64_t K) { return K * kPanel * sizeof(W); }
+  static float at(const uint8_t* panel, int64_t k, int64_t c) {
+    return static_cast<float>(reinterpret_cast<const W*>(panel)[k * kPanel + c]);
+  }
+};
+
+struct Q4_1Format {
+  static constexpr int64_t kBlockBytes = 20;  // GGUF: d, m (float16), 16 bytes of nibbles
+  static constexpr int64_t kGroupBytes = 64 + 64 + kGroup * 16;
+  static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
+  static float at(const uint8_t* panel, int64_t k, int64_t c) {
+    const uint8_t* g = panel + k / kGroup * kGroupBytes;
+    const uint8_t byte = g[128 + (k % kGroup) * 16 + c % 16];
+    const float q = static_cast<float>(c < 16 ? byte & 15 : byte >> 4);
+    return half_at(g + 2 * c) * q + half_at(g + 64 + 2 * c);
+  }
+  // GGUF block of one output row -> its column c of a group
+  static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
+    std::memcpy(g + 2 * c, block, 2);
+    std::memcpy(g + 64 + 2 * c, block + 2, 2);
+    for (int64_t j = 0; j < kGroup; ++j) {
+      const uint8_t q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
+      uint8_t& dst = g[128 + j * 16 + c % 16];
+      dst = c < 16 ? (dst & 0xF0) | q : (dst & 0x0F) | (q << 4);
+    }
+  }
+};
+
+struct Q8_0Format {
+  static constexpr int64_t kBlockBytes = 34;  // GGUF: d (float16), 32 int8
+  static constexpr int64_t kGroupBytes = 64 + kGroup * 32;
+  static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
+  static float at(const uint8_t* panel, int64_t k, int64_t c) {
+    const uint8_t* g = panel + k / kGroup * kGroupBytes;
+    const int8_t q = static_cast<int8_t>(g[64 + (k % kGroup) * 32 + c]);
+    return half_at(g + 2 * c) * static_cast<float>(q);
+  }
+  static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
+    std::memcpy(g + 2 * c, block, 2);
+    for (int64_t j = 0; j < kGroup; ++j) g[64 + j * 32 + c] = block[2 + j];
+  }
+};
 
 #ifdef PYSERVE_VEC
 using namespace simd;
 // AVX-512: 24 accumulators + 2 weight vectors + 1 broadcast of 32 zmm; AVX2: 12 of 16 ymm
 constexpr int kMaxRows = PYSERVE_VEC == 16 ? 12 : 3;
-#endif
-
-#ifdef PYSERVE_VEC
 constexpr int kVecs = kPanel / PYSERVE_VEC;
 // A memory stream needs more misses in flight than one core's hardware prefetcher keeps:
-// ask for the panel this far ahead (only the first row tile pays DRAM; later ones hit cache).
+// ask for the panel about this far ahead (only the first row tile pays DRAM; later ones hit
+// cache).
 constexpr int64_t kPrefetchBytes = 2048;
 
+// The weights of one group of 32 k, a row of 32 columns (kVecs vectors) at a time.
+template <typename Format>
+struct GroupReader;
+
+template <typename W>
+struct GroupReader<FloatFormat<W>> {
+  const W* base;
+  GroupReader(const uint8_t* group) : base(reinterpret_cast<const W*>(group)) {}
+  void row(int64_t kk, vec* w) const {
+    for (int v = 0; v < kVecs; ++v) w[v] = load(base + kk * kPanel + v * kLanes);
+  }
+};
+
+template <>
+struct GroupReader<Q4_1Format> {
+  vec d[kVecs], m[kVecs];
+  const uint8_t* q;
+  GroupReader(const uint8_t* group) : q(group + 128) {
+    for (int v = 0; v < kVecs; ++v) {
+      d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
+      m[v] = load(reinterpret_cast<const c10::Half*>(group + 64) + v * kLanes);
+    }
+  }
+  void row(int64_t kk, vec* w) const {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kk * 16));
+#if PYSERVE_VEC == 16
+    const __m512i bytes = _mm512_cvtepu8_epi32(raw);
+    const __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+    const __m512i hi = _mm512_srli_epi32(bytes, 4);
+    w[0] = add(mul(d[0], _mm512_cvtepi32_ps(lo)), m[0]);
+    w[1] = add(mul(d[1], _mm512_cvtepi32_ps(hi)), m[1]);
+#else
+    const __m256i first = _mm256_cvtepu8_epi32(raw);  // bytes 0-7: columns 0-7 and 16-23
+    const __m256i second = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));  // 8-15 and 24-31
+    const __m256i mask = _mm256_set1_epi32(15);
+    w[0] = add(mul(d[0], _mm256_cvtepi32_ps(_mm256_and_si256(first, mask))), m[0]);
+    w[1] = add(mul(d[1], _mm256_cvtepi32_ps(_mm256_and_si256(second, mask))), m[1]);
+    w[2] = add(mul(d[2], _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4))), m[2]);
+    w[3] = add(mul(d[3], _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4))), m[3]);
+#endif
+  }
+};
+
+template <>
+struct GroupReader<Q8_0Format> {
+  vec d[kVecs];
+  const int8_t* q;
+  GroupReader(const uint8_t* group) : q(reinterpret_cast<const int8_t*>(group + 64)) {
+    for (int v = 0; v < kVecs; ++v) d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
+  }
+  void row(int64_t kk, vec* w) const {
+    for (int v = 0; v < kVecs; ++v) {
+      const int8_t* src = q + kk * kPanel + v * kLanes;
+#if PYSERVE_VEC == 16
+      const __m512i ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      w[v] = mul(d[v], _mm512_cvtepi32_ps(ints));
+#else
+      const __m256i ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+      w[v] = mul(d[v], _mm256_cvtepi32_ps(ints));
+#endif
+    }
+  }
+};
+
 // out[MR, 32] = x[MR, K] · panel[K, 32]; `cols` of the 32 columns are stored.
-template <int MR, typename W>
-inline void tile(const float* x, int64_t ldx, const W* panel, int64_t K, float* out, int64_t ldo,
-                 int64_t cols, const float* bias) {
+template <int MR, typename Format>
+inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, float* out,
+                 int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
   vec acc[MR][kVecs];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kVecs; ++v) acc[m][v] = zero();
-  const char* ahead = reinterpret_cast<const char*>(panel) + kPrefetchBytes;
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t line = 0; line < kPanel * int64_t(sizeof(W)); line += 64)
-      _mm_prefetch(ahead + k * kPanel * sizeof(W) + line, _MM_HINT_T0);
-    vec w[kVecs];
-    for (int v = 0; v < kVecs; ++v) w[v] = load(panel + k * kPanel + v * PYSERVE_VEC);
-    for (int m = 0; m < MR; ++m) {
-      const vec xb = set1(x[m * ldx + k]);
-      for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, w[v], acc[m][v]);
+  for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
+    const uint8_t* group = panel + k0 / kGroup * Format::kGroupBytes;
+    for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
+    const GroupReader<Format> reader(group);
+    const int64_t n = std::min(kGroup, K - k0);
+    for (int64_t kk = 0; kk < n; ++kk) {
+      vec w[kVecs];
+      reader.row(kk, w);
+      for (int m = 0; m < MR; ++m) {
+        const vec xb = set1(x[m * ldx + k0 + kk]);
+        for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, w[v], acc[m][v]);
+      }
     }
   }
   alignas(64) float row[kPanel];
   for (int m = 0; m < MR; ++m) {
-    for (int v = 0; v < kVecs; ++v) store(row + v * PYSERVE_VEC, acc[m][v]);
+    for (int v = 0; v < kVecs; ++v) store(row + v * kLanes, acc[m][v]);
     float* o = out + m * ldo;
     if (bias != nullptr)
       for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + bias[c];
@@ -64,32 +197,31 @@ inline void tile(const float* x, int64_t ldx, const W* panel, int64_t K, float* 
   }
 }
 
-template <typename W, int... R>
+template <typename Format, int... R>
 inline void tile_rows(int rows, std::integer_sequence<int, R...>, const float* x, int64_t ldx,
-                      const W* panel, int64_t K, float* out, int64_t ldo, int64_t cols,
+                      const uint8_t* panel, int64_t K, float* out, int64_t ldo, int64_t cols,
                       const float* bias) {
-  ((rows == R + 1 ? tile<R + 1>(x, ldx, panel, K, out, ldo, cols, bias) : void()), ...);
+  ((rows == R + 1 ? tile<R + 1, Format>(x, ldx, panel, K, out, ldo, cols, bias) : void()), ...);
 }
 #else
 // no SIMD: the same tile, written plainly
 constexpr int kMaxRows = 4;
-template <typename W>
-void tile_plain(int rows, const float* x, int64_t ldx, const W* panel, int64_t K, float* out,
+template <typename Format>
+void tile_plain(int rows, const float* x, int64_t ldx, const uint8_t* panel, int64_t K, float* out,
                 int64_t ldo, int64_t cols, const float* bias) {
   for (int m = 0; m < rows; ++m) {
     float acc[kPanel] = {};
     for (int64_t k = 0; k < K; ++k)
-      for (int64_t c = 0; c < kPanel; ++c)
-        acc[c] += x[m * ldx + k] * static_cast<float>(panel[k * kPanel + c]);
+      for (int64_t c = 0; c < kPanel; ++c) acc[c] += x[m * ldx + k] * Format::at(panel, k, c);
     for (int64_t c = 0; c < cols; ++c) out[m * ldo + c] = acc[c] + (bias ? bias[c] : 0.f);
   }
 }
 #endif
 
-template <typename W>
-void packed_linear_impl(const float* x, const W* packed, const float* bias, float* out, int64_t M,
-                        int64_t N, int64_t K) {
-  const int64_t panels = (N + kPanel - 1) / kPanel;
+template <typename Format>
+void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias, float* out,
+                        int64_t M, int64_t N, int64_t K) {
+  const int64_t panels = (N + kPanel - 1) / kPanel, panel_bytes = Format::panel_bytes(K);
   // Rows are taken in chunks whose x (chunk × K float32) stays in a core's L2 while every
   // panel passes over it; within a chunk each panel meets the rows kMaxRows at a time.
   const int64_t chunk = std::max<int64_t>(kMaxRows, (256 * 1024 / (K * 4)) / kMaxRows * kMaxRows);
@@ -97,16 +229,16 @@ void packed_linear_impl(const float* x, const W* packed, const float* bias, floa
     const int64_t m1 = std::min(M, m0 + chunk);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const W* panel = packed + p * K * kPanel;
+        const uint8_t* panel = packed + p * panel_bytes;
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
         const float* b = bias ? bias + n0 : nullptr;
         for (int64_t m = m0; m < m1; m += kMaxRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
 #ifdef PYSERVE_VEC
-          tile_rows(rows, std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K, panel, K,
-                    out + m * N + n0, N, cols, b);
+          tile_rows<Format>(rows, std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K, panel,
+                            K, out + m * N + n0, N, cols, b);
 #else
-          tile_plain(rows, x + m * K, K, panel, K, out + m * N + n0, N, cols, b);
+          tile_plain<Format>(rows, x + m * K, K, panel, K, out + m * N + n0, N, cols, b);
 #endif
         }
       }
@@ -114,78 +246,140 @@ void packed_linear_impl(const float* x, const W* packed, const float* bias, floa
   }
 }
 
-template <typename W>
-void pack_impl(const W* w, W* packed, int64_t N, int64_t K) {
-  const int64_t panels = (N + kPanel - 1) / kPanel;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t c = 0; c < kPanel; ++c) {
-          const int64_t n = p * kPanel + c;
-          packed[(p * K + k) * kPanel + c] = n < N ? w[n * K + k] : W(0.f);
-        }
-  });
+enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0 };
+
+Kind kind_of(const at::Tensor& packed) {
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(),
+              "a packed weight from pack_linear_weight or pack_gguf_weight expected");
+  switch (packed.scalar_type()) {
+    case at::kFloat: return Kind::kFloat32;
+    case at::kBFloat16: return Kind::kBFloat16;
+    case at::kByte:
+      if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1;
+      if (packed.size(2) == Q8_0Format::kGroupBytes) return Kind::kQ8_0;
+      break;
+    default: break;
+  }
+  TORCH_CHECK(false, "not a packed weight: ", packed.scalar_type(), " ", packed.sizes());
+  return Kind::kFloat32;  // not reached
 }
 
-template <typename W>
-void unpack_impl(const W* packed, float* w, int64_t N, int64_t K) {
-  // 16 k at a time: a 2 KB block of the panel is read once and every output row gets one
-  // whole cache line of it
-  constexpr int64_t kStep = 16;
-  at::parallel_for(0, (N + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const W* panel = packed + p * K * kPanel;
-      const int64_t cols = std::min(kPanel, N - p * kPanel);
-      for (int64_t k0 = 0; k0 < K; k0 += kStep) {
-        const int64_t k1 = std::min(K, k0 + kStep);
-        for (int64_t c = 0; c < cols; ++c) {
-          float* dst = w + (p * kPanel + c) * K;
-          for (int64_t k = k0; k < k1; ++k) dst[k] = static_cast<float>(panel[k * kPanel + c]);
-        }
-      }
+int64_t packed_k(const at::Tensor& packed) {
+  return packed.scalar_type() == at::kByte ? packed.size(1) * kGroup : packed.size(1);
+}
+
+// Calls fn.template operator()<Format>() for the packed weight's format.
+template <typename Fn>
+void with_format(Kind kind, Fn&& fn) {
+  switch (kind) {
+    case Kind::kFloat32: fn.template operator()<FloatFormat<float>>(); break;
+    case Kind::kBFloat16: fn.template operator()<FloatFormat<c10::BFloat16>>(); break;
+    case Kind::kQ4_1: fn.template operator()<Q4_1Format>(); break;
+    case Kind::kQ8_0: fn.template operator()<Q8_0Format>(); break;
+  }
+}
+
+// Rows `ids` of the packed weight, as float32 [T, K] (an embedding lookup, or the whole
+// weight back for BLAS when ids is 0..N-1).
+template <typename Format>
+void rows_impl(const uint8_t* packed, const int64_t* ids, int64_t T, int64_t K, float* out) {
+  const int64_t panel_bytes = Format::panel_bytes(K);
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = ids ? ids[t] : t;
+      const uint8_t* panel = packed + n / kPanel * panel_bytes;
+      for (int64_t k = 0; k < K; ++k) out[t * K + k] = Format::at(panel, k, n % kPanel);
     }
   });
 }
 
 }  // namespace
 
-at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N) {
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous() &&
-                  (N + kPanel - 1) / kPanel == packed.size(0),
-              "unpack_linear_weight: a weight from pack_linear_weight with N rows expected");
-  const int64_t K = packed.size(1);
-  at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
-  if (packed.scalar_type() == at::kBFloat16)
-    unpack_impl(packed.data_ptr<c10::BFloat16>(), w.data_ptr<float>(), N, K);
-  else
-    unpack_impl(packed.data_ptr<float>(), w.data_ptr<float>(), N, K);
-  return w;
-}
-
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu(), "pack_linear_weight: a CPU [N, K] weight expected");
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
               "pack_linear_weight: weight must be float32 or bfloat16");
   const at::Tensor w = weight.contiguous();
-  const int64_t N = w.size(0), K = w.size(1);
-  at::Tensor packed = at::empty({(N + kPanel - 1) / kPanel, K, kPanel}, w.options());
-  if (w.scalar_type() == at::kBFloat16)
-    pack_impl(w.data_ptr<c10::BFloat16>(), packed.data_ptr<c10::BFloat16>(), N, K);
-  else
-    pack_impl(w.data_ptr<float>(), packed.data_ptr<float>(), N, K);
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
+  at::Tensor packed = at::zeros({panels, K, kPanel}, w.options());
+  const int64_t elem = w.element_size();
+  const auto* src = static_cast<const uint8_t*>(w.data_ptr());
+  auto* dst = static_cast<uint8_t*>(packed.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < N; ++c)
+        for (int64_t k = 0; k < K; ++k)
+          std::memcpy(dst + ((p * K + k) * kPanel + c) * elem, src + ((p * kPanel + c) * K + k) * elem, elem);
+  });
   return packed;
+}
+
+at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type) {
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.device().is_cpu(),
+              "pack_gguf_weight: uint8 blocks [N, bytes per row] expected");
+  TORCH_CHECK(K > 0 && K % kGroup == 0, "pack_gguf_weight: K must be a multiple of 32, got ", K);
+  const at::Tensor b = blocks.contiguous();
+  const int64_t N = b.size(0), panels = (N + kPanel - 1) / kPanel, groups = K / kGroup;
+  at::Tensor packed;
+  auto pack = [&]<typename Format>() {
+    TORCH_CHECK(b.size(1) == groups * Format::kBlockBytes, "pack_gguf_weight: ", type, " rows of ", K,
+                " weights take ", groups * Format::kBlockBytes, " bytes, got ", b.size(1));
+    packed = at::zeros({panels, groups, Format::kGroupBytes}, b.options());
+    const uint8_t* src = b.data_ptr<uint8_t>();
+    uint8_t* dst = packed.data_ptr<uint8_t>();
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t c = 0; c < kPanel && p * kPanel + c < N; ++c)
+          for (int64_t g = 0; g < groups; ++g)
+            Format::pack_block(src + (p * kPanel + c) * b.size(1) + g * Format::kBlockBytes,
+                               dst + (p * groups + g) * Format::kGroupBytes, c);
+    });
+  };
+  if (type == "Q4_1") {
+    pack.template operator()<Q4_1Format>();
+  } else {
+    TORCH_CHECK(type == "Q8_0", "pack_gguf_weight: type must be Q4_1 or Q8_0, got ", type);
+    pack.template operator()<Q8_0Format>();
+  }
+  return packed;
+}
+
+at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids) {
+  const Kind kind = kind_of(packed);
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "packed_rows: ids must be a contiguous int64 vector");
+  const int64_t K = packed_k(packed), rows = packed.size(0) * kPanel, T = ids.size(0);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(id[t] >= 0 && id[t] < rows, "packed_rows: id ", id[t], " outside [0, ", rows, ")");
+  at::Tensor out = at::empty({T, K}, packed.options().dtype(at::kFloat));
+  with_format(kind, [&]<typename Format>() {
+    rows_impl<Format>(static_cast<const uint8_t*>(packed.data_ptr()), id, T, K, out.data_ptr<float>());
+  });
+  return out;
+}
+
+at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N) {
+  const Kind kind = kind_of(packed);
+  TORCH_CHECK((N + kPanel - 1) / kPanel == packed.size(0),
+              "unpack_linear_weight: N must fit the packed weight's panels");
+  const int64_t K = packed_k(packed);
+  at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
+  with_format(kind, [&]<typename Format>() {
+    rows_impl<Format>(static_cast<const uint8_t*>(packed.data_ptr()), nullptr, N, K, w.data_ptr<float>());
+  });
+  return w;
 }
 
 void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                    const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && packed.dim() == 3 && packed.size(2) == kPanel,
-              "packed_linear: x [M, K], out [M, N] and a weight from pack_linear_weight expected");
+  const Kind kind = kind_of(packed);
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2, "packed_linear: x [M, K] and out [M, N] expected");
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
               "packed_linear: x and out must be float32");
-  TORCH_CHECK(x.is_contiguous() && out.is_contiguous() && packed.is_contiguous(),
-              "packed_linear: tensors must be contiguous");
+  TORCH_CHECK(x.is_contiguous() && out.is_contiguous(), "packed_linear: tensors must be contiguous");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  TORCH_CHECK(packed.size(1) == K, "packed_linear: x has ", K, " columns, the weight ", packed.size(1));
+  TORCH_CHECK(packed_k(packed) == K, "packed_linear: x has ", K, " columns, the weight ", packed_k(packed));
   TORCH_CHECK(out.size(0) == M && (N + kPanel - 1) / kPanel == packed.size(0),
               "packed_linear: out must be [M, N] with N within the packed weight's panels");
   const float* b = nullptr;
@@ -195,13 +389,10 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
     b = bias->data_ptr<float>();
   }
   if (M == 0 || N == 0) return;
-  if (packed.scalar_type() == at::kBFloat16) {
-    packed_linear_impl(x.data_ptr<float>(), packed.data_ptr<c10::BFloat16>(), b, out.data_ptr<float>(),
-                       M, N, K);
-  } else {
-    TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed_linear: weight must be float32 or bfloat16");
-    packed_linear_impl(x.data_ptr<float>(), packed.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
-  }
+  with_format(kind, [&]<typename Format>() {
+    packed_linear_impl<Format>(x.data_ptr<float>(), static_cast<const uint8_t*>(packed.data_ptr()), b,
+                               out.data_ptr<float>(), M, N, K);
+  });
 }
 
 }  // namespace pyserve::cpu

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 
 namespace pyserve::cpu {
 
@@ -30,15 +31,19 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
 
-// Linear layers: pack_linear_weight repacks weight [N, K] (float32 or bfloat16) once into
-// panels of 32 output columns, [ceil(N / 32), K, 32], zero-padded; packed_linear computes
-// out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) from it, x, out and bias float32, with
-// float32 accumulation (a bfloat16 weight is widened in registers); unpack_linear_weight
-// gives back the float32 [N, K] weight, for the GEMM of steps with many rows.
+// Linear layers (csrc/cpu/linear.cpp describes the layouts). pack_linear_weight repacks
+// weight [N, K] (float32 or bfloat16) once into panels of 32 output columns, zero-padded;
+// pack_gguf_weight does the same for a GGUF tensor's raw Q4_1 or Q8_0 blocks [N, K / 32 *
+// block bytes]. packed_linear computes out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) from
+// either, x, out and bias float32, with float32 accumulation. unpack_linear_weight gives back
+// the float32 [N, K] weight (for the GEMM of steps with many rows); packed_rows the float32
+// rows ids (an embedding lookup).
 at::Tensor pack_linear_weight(const at::Tensor& weight);
-at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
+at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type);
 void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
                    const c10::optional<at::Tensor>& bias);
+at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
+at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
 
 // The fused layer ops, with the contracts of their CUDA twins in csrc/cuda/ops.h:
 // rms_norm: out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32;

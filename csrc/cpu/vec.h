@@ -36,6 +36,7 @@ inline vec zero() { return _mm512_setzero_ps(); }
 inline void store(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline vec round_nearest(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -62,6 +63,7 @@ inline vec zero() { return _mm256_setzero_ps(); }
 inline void store(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline vec round_nearest(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }

@@ -93,7 +93,7 @@ class EngineCore:
                 "--kv-cache-memory or lower --max-model-len")
         spec = ShardSpec(arch, source.path, config.model.load_format, self.dtype, self.device.type,
                          self.max_model_len, config.model.seed, block_size, num_blocks, tp,
-                         self.weight_dtype)
+                         self.weight_dtype, source.gguf_path)
         self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
                     arch.architecture, source.path, _dtype_name(self.dtype, self.weight_dtype),

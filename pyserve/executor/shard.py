@@ -31,6 +31,7 @@ class ShardSpec:
     num_blocks: int
     tensor_parallel_size: int
     weight_dtype: torch.dtype | None = None  # narrower than dtype: bfloat16 weights on the CPU
+    gguf_path: Path | None = None  # the GGUF path was converted from: its quantized weights
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:
@@ -57,7 +58,7 @@ def rank_device(spec: ShardSpec, rank: int) -> torch.device:
 def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
-                       spec.max_model_len, spec.seed, tp, spec.weight_dtype)
+                       spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path)
     kv_caches = allocate_kv_caches(spec.arch, kv_heads_per_rank(spec.arch.num_kv_heads, tp.size),
                                    spec.num_blocks, spec.block_size, spec.dtype, device)
     return ModelRunner(model, kv_caches, spec.block_size, device, spec.seed)

@@ -133,6 +133,112 @@ def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
     return tensors
 
 
+def _merged_groups(num_layers: int) -> list[list[str]]:
+    """Checkpoint tensors that share one of our parameters: they must share a block type."""
+    groups = []
+    for i in range(num_layers):
+        groups.append([f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv"])
+        groups.append([f"model.layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up")])
+    return groups
+
+
+# GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_QUANT_TYPES = {3: "Q4_1", 8: "Q8_0"}  # ggml type ids the CPU kernel reads
+
+
+def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[int, ...], int]]]:
+    """(general.architecture, [(name, ggml type, dims, absolute data offset)]) read from the
+    header alone: the gguf package's reader also decodes every metadata array (the whole
+    vocabulary), which takes seconds."""
+    import mmap
+    import struct
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+
+        def take(fmt):
+            nonlocal pos
+            values = struct.unpack_from("<" + fmt, buf, pos)
+            pos += struct.calcsize("<" + fmt)
+            return values[0] if len(values) == 1 else values
+
+        def string():
+            nonlocal pos
+            n = take("Q")
+            pos += n
+            return bytes(buf[pos - n:pos]).decode("utf-8", "replace")
+
+        def value(kind):
+            nonlocal pos
+            if kind == 8:
+                return string()
+            if kind == 9:
+                elem, count = take("I"), take("Q")
+                if elem in _SCALARS:
+                    pos += count * struct.calcsize(_SCALARS[elem])
+                elif elem == 8:  # strings (the vocabulary): skipped, not decoded
+                    for _ in range(count):
+                        pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+                else:
+                    for _ in range(count):
+                        value(elem)
+                return None
+            return take(_SCALARS[kind])
+
+        if bytes(buf[:4]) != b"GGUF":
+            raise ModelLoadError(f"'{path}' is not a GGUF file")
+        pos = 4
+        _version, n_tensors, n_kv = take("I"), take("Q"), take("Q")
+        meta = {}
+        for _ in range(n_kv):
+            key = string()
+            meta[key] = value(take("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            dims = tuple(take("Q") for _ in range(take("I")))
+            infos.append((name, take("I"), dims, take("Q")))
+        alignment = int(meta.get("general.alignment") or 32)
+        start = -(-pos // alignment) * alignment
+    return meta.get("general.architecture"), [(n, t, d, start + o) for n, t, d, o in infos]
+
+
+def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
+    """HF name -> GGUFBlocks for the GGUF's tensors the CPU kernel reads quantized (Q4_1,
+    Q8_0): linear and embedding weights whose merged parameter is all one such type and whose
+    shards split inputs on whole blocks. Everything else loads from the converted float32
+    checkpoint."""
+    import torch
+
+    from pyserve.model.layers.quantized import BLOCK, BLOCK_BYTES, GGUFBlocks
+
+    gguf_arch, index = _tensor_index(Path(gguf_path))
+    data = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    found = {}
+    for tensor_name, ggml_type, dims, offset in index:
+        name = _hf_name(tensor_name)
+        if name is None or ggml_type not in _QUANT_TYPES or len(dims) != 2 or dims[0] % BLOCK:
+            continue
+        type_, (cols, rows) = _QUANT_TYPES[ggml_type], dims
+        row_bytes = cols // BLOCK * BLOCK_BYTES[type_]
+        blocks = data[offset: offset + rows * row_bytes].reshape(rows, row_bytes)
+        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            blocks = _unpermute_rotary(blocks, arch.num_heads if "q_proj" in name else arch.num_kv_heads)
+        found[name] = (type_, blocks, (rows, cols))
+    for group in _merged_groups(arch.num_layers):
+        if len({found[n][0] if n in found else None for n in group}) != 1:
+            for n in group:
+                found.pop(n, None)
+    row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.")
+    out = {}
+    for name, (type_, blocks, shape) in found.items():
+        if any(p in name for p in row_parallel) and (shape[1] % tp_size or (shape[1] // tp_size) % BLOCK):
+            continue
+        out[name] = GGUFBlocks(type_, torch.from_numpy(np.array(blocks)), shape)  # a copy: the map is read-only
+    return out
+
+
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     """Converts gguf_path into the model directory out_dir (replacing nothing that exists)."""
     from gguf import GGUFReader

@@ -38,13 +38,15 @@ def resolve_dtype(requested: str, checkpoint_dtype: str | None,
 
 def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
     """Stores the linear layers' and embeddings' weights in weight_dtype (after loading them
-    at full precision); norms, biases and rotary tables keep the activation dtype."""
+    at full precision); norms, biases and rotary tables keep the activation dtype, and
+    GGUF-quantized weights stay quantized."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
     from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            module.weight.data = module.weight.data.to(weight_dtype)
+            if getattr(module, "gguf", None) is None:
+                module.weight.data = module.weight.data.to(weight_dtype)
 
 
 def pack_weights(model: torch.nn.Module) -> None:
@@ -55,7 +57,7 @@ def pack_weights(model: torch.nn.Module) -> None:
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            if module.weight.dtype in (torch.float32, torch.bfloat16):
+            if getattr(module, "gguf", None) is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
                 pack_for_cpu(module)
 
 
@@ -107,8 +109,16 @@ def _fill_random(model: torch.nn.Module, seed: int) -> None:
 
 def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype,
                device: torch.device, max_positions: int, seed: int,
-               tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp)
+               tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
+               gguf_path: Path | None = None) -> torch.nn.Module:
+    """gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
+    Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory."""
+    quantized = {}
+    if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
+        from pyserve.model.gguf import gguf_blocks
+
+        quantized = gguf_blocks(gguf_path, arch, tp.size)
+    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, quantized)
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:
@@ -117,7 +127,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
 
 
 def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, device: torch.device,
-          max_positions: int, seed: int, tp: TPGroup) -> torch.nn.Module:
+          max_positions: int, seed: int, tp: TPGroup, quantized: dict) -> torch.nn.Module:
     cls = model_class(arch.architecture)
     with torch.device(device):
         model = cls(arch, max_positions, dtype, tp)
@@ -127,7 +137,8 @@ def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, dev
     files = safetensors_files(path)
     if not files:
         raise ModelLoadError(f"no safetensors weights in '{path}'")
-    loaded = model.load_weights(iterate_safetensors(files))
+    weights = ((name, quantized.get(name, tensor)) for name, tensor in iterate_safetensors(files))
+    loaded = model.load_weights(weights)
     missing = [n for n, _ in model.named_parameters() if n not in loaded]
     if missing:
         raise ModelLoadError(f"checkpoint in '{path}' lacks {len(missing)} weights, e.g. "

@@ -26,6 +26,7 @@ class ModelSource:
     arch: ModelArch
     hf_config: dict
     name: str  # the name the API reports
+    gguf_path: Path | None = None  # when --model is a .gguf: the file path was converted from
 
 
 def _converted_gguf(gguf: Path, download_dir: str) -> Path:
@@ -52,6 +53,7 @@ def _read_config(path: Path) -> dict:
 
 
 def resolve_model(cfg: ModelConfig) -> ModelSource:
+    gguf_path = None
     if cfg.model is None:
         path, default_name = ensure_default_model(cfg.download_dir), DEFAULT_MODEL_NAME
     else:
@@ -62,7 +64,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
             if given.suffix != ".gguf":
                 raise ModelLoadError(f"'{given}' is a file but not a .gguf; pass a model "
                                      "directory or a .gguf file")
-            path = _converted_gguf(given, cfg.download_dir)
+            path, gguf_path = _converted_gguf(given, cfg.download_dir), given
         else:
             path = given
         default_name = str(cfg.model)
@@ -79,4 +81,4 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
         raise ModelLoadError(f"no tokenizer in '{tokenizer_path}' (looked for "
                              f"{', '.join(_TOKENIZER_FILES)}); pass --tokenizer DIR")
     return ModelSource(path=path, tokenizer_path=tokenizer_path, arch=arch, hf_config=hf_config,
-                       name=cfg.served_model_name or default_name)
+                       name=cfg.served_model_name or default_name, gguf_path=gguf_path)

@@ -1,6 +1,7 @@
 """The CPU packed linear kernel against torch's F.linear on the same (widened) weights, and the
 layers that use it against their unpacked selves."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,3 +77,59 @@ def test_packed_embedding_looks_up_and_scores_like_the_table():
     pack_for_cpu(table)
     assert torch.equal(table(ids), expected_rows)
     torch.testing.assert_close(table.logits(hidden, 100), expected_logits, atol=1e-5, rtol=1e-5)
+
+
+def _random_gguf_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Raw GGUF blocks [n, k / 32 * block bytes] with sane float16 scales and random quants."""
+    rng = np.random.default_rng(seed)
+    groups = k // 32
+    d = rng.uniform(1e-3, 0.05, (n, groups, 1)).astype(np.float16).view(np.uint8)
+    if kind == "Q4_1":
+        m = rng.uniform(-0.4, 0.0, (n, groups, 1)).astype(np.float16).view(np.uint8)
+        qs = rng.integers(0, 256, (n, groups, 16), dtype=np.uint8)
+        blocks = np.concatenate([d, m, qs], axis=2)
+    else:
+        qs = rng.integers(-128, 128, (n, groups, 32), dtype=np.int8).view(np.uint8)
+        blocks = np.concatenate([d, qs], axis=2)
+    return np.ascontiguousarray(blocks.reshape(n, -1))
+
+
+def _gguf_dequantized(kind: str, blocks: np.ndarray, n: int, k: int) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(blocks, GGMLQuantizationType[kind]).reshape(n, k).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("n,k", [(96, 64), (70, 576), (5, 32)])
+def test_gguf_weights_compute_exactly_as_their_dequantized_float32(kind, n, k):
+    """The kernel dequantizes as the gguf package does, so a quantized layer's output is
+    bitwise the float32 layer's on the package's dequantized weights, at every row count."""
+    blocks = _random_gguf_blocks(kind, n, k, seed=n + k)
+    reference = _gguf_dequantized(kind, blocks, n, k)
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind)
+    assert torch.equal(_native.unpack_linear_weight(packed, n), reference)
+    ids = torch.tensor([0, n - 1, n // 2, 0])
+    assert torch.equal(_native.packed_rows(packed, ids), reference[ids])
+    as_float = _native.pack_linear_weight(reference)
+    bias = torch.randn(n)
+    for m in (1, 3, 12, 29):
+        x = torch.randn(m, k)
+        out_q, out_f = torch.empty(m, n), torch.empty(m, n)
+        _native.packed_linear(out_q, x, packed, bias)
+        _native.packed_linear(out_f, x, as_float, bias)
+        assert torch.equal(out_q, out_f)
+        torch.testing.assert_close(out_q, _reference(x, reference, bias), atol=1e-4 * k ** 0.5, rtol=1e-4)
+
+
+def test_pack_gguf_weight_refuses_what_it_cannot_do():
+    blocks = torch.from_numpy(_random_gguf_blocks("Q4_1", 4, 64, seed=0))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        _native.pack_gguf_weight(blocks, 48, "Q4_1")
+    with pytest.raises(RuntimeError, match="take 40 bytes, got 40|take 68 bytes, got 40"):
+        _native.pack_gguf_weight(blocks, 64, "Q8_0")
+    with pytest.raises(RuntimeError, match="Q4_1 or Q8_0"):
+        _native.pack_gguf_weight(blocks, 64, "Q4_K")
+    with pytest.raises(RuntimeError, match="outside"):
+        _native.packed_rows(_native.pack_gguf_weight(blocks, 64, "Q4_1"), torch.tensor([32]))

@@ -47,3 +47,32 @@ def test_model_flag_accepts_a_gguf_file(default_model_dir, gguf_file, tmp_path):
     converted = LLM(str(default_model_dir)).generate(PROMPTS, params)
     assert [o.outputs[0].token_ids for o in direct] == [o.outputs[0].token_ids for o in converted]
     assert any(tmp_path.glob("converted/*/model.safetensors"))
+
+
+def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_model_dir, gguf_file):
+    """--model FILE.gguf keeps the file's Q4_1 / Q8_0 blocks (a sixth of float32's bytes) and
+    the kernel dequantizes them exactly as the conversion did: sampled and prompt logprobs are
+    bitwise the float32 checkpoint's, for decode steps and for a prefill of more rows than
+    the packed kernel takes (which widens the blocks for BLAS)."""
+    from pyserve.model.layers.quantized import BLOCK_BYTES
+
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # > 256 tokens
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, prompt_logprobs=2, ignore_eos=True)
+    quantized = LLM(str(gguf_file))
+    model = quantized.engine.runner.model
+    layer = model.model.layers[0]
+    assert layer.mlp.gate_up_proj.packed.dtype == torch.uint8  # Q4_1 panels
+    assert model.model.embed_tokens.packed.dtype == torch.uint8  # Q8_0 panels
+    assert layer.mlp.gate_up_proj.weight.numel() == 0  # no float copy kept
+    packed_bytes = sum(m.packed.numel() * m.packed.element_size() for m in model.modules()
+                       if getattr(m, "packed", None) is not None)
+    assert packed_bytes < 135e6 * 4 / 5 and set(BLOCK_BYTES) == {"Q4_1", "Q8_0"}
+    float32 = LLM(str(default_model_dir))
+    prompts = PROMPTS + [long_prompt]
+    ours = quantized.generate(prompts, params)
+    reference = float32.generate(prompts, params)
+    assert len(quantized.engine.tokenizer.encode(long_prompt)) > 256
+    for a, b in zip(ours, reference):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+        assert a.prompt_logprobs == b.prompt_logprobs

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyserve import _native
 from pyserve.model.layers.linear import apply_linear
 from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.quantized import source_tensor, weight_destination
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -21,19 +23,19 @@ class VocabParallelEmbedding(nn.Module):
                                    requires_grad=False)
         self.weight.weight_loader = self._load
         self.packed = None  # set by pack_for_cpu
+        self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    def _load(self, param: nn.Parameter, loaded) -> None:
         rows = max(0, min(self.rows_per_rank, loaded.shape[0] - self.vocab_start))
+        destination = weight_destination(self, param, loaded)
         if rows:
-            param.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
-        param.data[rows:].zero_()
+            destination[:rows].copy_(source_tensor(loaded.narrow(0, self.vocab_start, rows)))
+        destination[rows:].zero_()
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.embedding(ids, self.weight).to(self.dtype)
-        # the packed table is [rows / 32, hidden, 32]: row n is column n % 32 of panel n // 32
-        panel = self.packed.shape[2]
-        return self.packed[ids // panel, :, ids % panel].to(self.dtype)
+        return _native.packed_rows(self.packed, ids.contiguous()).to(self.dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

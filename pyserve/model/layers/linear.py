@@ -10,6 +10,7 @@ from torch import nn
 
 from pyserve import _native
 from pyserve.model.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
+from pyserve.model.layers.quantized import source_tensor, weight_destination
 
 # Up to this many rows (decode steps, short chunks) our packed kernel runs a layer; above it a
 # step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
@@ -19,10 +20,15 @@ PACKED_MAX_ROWS = 256
 
 
 def pack_for_cpu(layer: nn.Module) -> None:
-    """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU) by its packed form, which
-    only apply_linear and the embedding lookup read. The unpacked copy is freed."""
-    weight = layer.weight.data
-    layer.packed = _native.pack_linear_weight(weight)
+    """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
+    loaded in its place, by their packed form, which only apply_linear and the embedding
+    lookup read. The unpacked copy is freed."""
+    weight, gguf = layer.weight.data, getattr(layer, "gguf", None)
+    if gguf is not None:
+        layer.packed = _native.pack_gguf_weight(gguf.blocks, gguf.shape[1], gguf.type)
+        layer.gguf = None
+    else:
+        layer.packed = _native.pack_linear_weight(weight)
     layer.out_features = weight.shape[0]
     layer.weight.data = weight.new_empty(0, weight.shape[1])
 
@@ -60,17 +66,19 @@ class ColumnParallelLinear(nn.Module):
         out = sum(self.shard_sizes)
         self.weight = _param((out, input_size), dtype, self._load)
         self.bias = _param((out,), dtype, self._load) if bias else None
-        self.packed = None
+        self.packed = None  # set by pack_for_cpu
+        self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
         """Rows of the checkpoint tensor this rank takes for logical output shard_id."""
         size = self.shard_sizes[shard_id]
         return self.tp.rank * size, size
 
-    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+    def _load(self, param: nn.Parameter, loaded, shard_id: int = 0) -> None:
         start, size = self.shard_range(shard_id, loaded.shape[0])
         offset = self.shard_offsets[shard_id]
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+        destination = weight_destination(self, param, loaded)
+        destination.narrow(0, offset, size).copy_(source_tensor(loaded.narrow(0, start, size)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return apply_linear(x, self, self.bias)
@@ -106,11 +114,12 @@ class RowParallelLinear(nn.Module):
         self.input_per_rank = tp.shard(input_size, "input size")
         self.weight = _param((output_size, self.input_per_rank), dtype, self._load_weight)
         self.bias = _param((output_size,), dtype, self._load_bias) if bias else None
-        self.packed = None
+        self.packed = None  # set by pack_for_cpu
+        self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
-    def _load_weight(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    def _load_weight(self, param: nn.Parameter, loaded) -> None:
         n = self.input_per_rank
-        param.data.copy_(loaded.narrow(1, self.tp.rank * n, n))
+        weight_destination(self, param, loaded).copy_(source_tensor(loaded.narrow(1, self.tp.rank * n, n)))
 
     def _load_bias(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded[...])
