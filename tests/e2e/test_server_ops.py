@@ -65,10 +65,17 @@ def test_queue_bound_answers_429(default_model_dir):
     srv = ServerProcess("--max-num-queued-requests", "1", "--max-num-seqs", "1")
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        done = threading.Event()
 
         def long_request():
-            client.completions.create(model=MODEL, prompt="Hello", max_tokens=96, temperature=0,
-                                      extra_body={"ignore_eos": True})
+            # far longer than the test: each stream is closed (aborting it) once done is set
+            stream = client.completions.create(model=MODEL, prompt="Hello", max_tokens=1000,
+                                               temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True})
+            for _ in stream:
+                if done.is_set():
+                    break
+            stream.close()
 
         running = threading.Thread(target=long_request)
         running.start()
@@ -80,6 +87,7 @@ def test_queue_bound_answers_429(default_model_dir):
                                           {"prompt": "Hi", "max_tokens": 2})
         assert status == 429 and headers["retry-after"] == "1"
         assert json.loads(body)["error"]["code"] == 429
+        done.set()
         running.join()
         queued.join()
         status, _, _ = http_json(srv, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
