@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "comm/shm_communicator.h"
+#include "cpu/decoder_layer.h"
 #include "cpu/ops.h"
 #include "kv/block_pool.h"
 #ifdef PYSERVE_CUDA
@@ -142,6 +143,28 @@ PYBIND11_MODULE(_C, m) {
         py::arg("type"), py::call_guard<py::gil_scoped_release>());
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
+  py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")
+      .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, double eps, at::Tensor qkv,
+                       int64_t qkv_out, std::optional<at::Tensor> qkv_bias, at::Tensor o_proj,
+                       at::Tensor gate_up, int64_t gate_up_out, at::Tensor down, int64_t max_rows, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale) {
+             using pyserve::cpu::PackedLinear;
+             const int64_t hidden = input_norm.numel();
+             return pyserve::cpu::LlamaLayer(
+                 input_norm, post_norm, eps, PackedLinear{qkv, qkv_out, qkv_bias, max_rows},
+                 PackedLinear{o_proj, hidden, std::nullopt, max_rows},
+                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows},
+                 PackedLinear{down, hidden, std::nullopt, max_rows}, num_heads, num_kv_heads,
+                 head_dim, cos_sin, scale);
+           }),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),
+           py::arg("qkv_out"), py::arg("qkv_bias"), py::arg("o_proj"), py::arg("gate_up"),
+           py::arg("gate_up_out"), py::arg("down"), py::arg("max_rows"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"))
+      .def("forward", &pyserve::cpu::LlamaLayer::forward, py::arg("positions"), py::arg("hidden"),
+           py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
+           py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
+           py::call_guard<py::gil_scoped_release>());
   m.def("unpack_linear_weight", &pyserve::cpu::unpack_linear_weight, py::arg("packed"),
         py::arg("n"), py::call_guard<py::gil_scoped_release>());
   m.def("packed_linear", &pyserve::cpu::packed_linear, py::arg("out"), py::arg("x"),

@@ -53,12 +53,16 @@ def pack_weights(model: torch.nn.Module) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
     in the packed layout of our CPU linear kernel (see layers/linear.py)."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
-    from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear, pack_for_cpu
+    from pyserve.model.layers.linear import (PACKED_MAX_ROWS, ColumnParallelLinear, RowParallelLinear,
+                                             pack_for_cpu)
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             if getattr(module, "gguf", None) is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
                 pack_for_cpu(module)
+    for module in model.modules():
+        if hasattr(module, "make_native"):
+            module.make_native(PACKED_MAX_ROWS)
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pyserve import _native
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
@@ -75,8 +76,30 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(arch, rotary, dtype, tp)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(arch, dtype, tp)
+        self.tp = tp
+        self.native = None  # the whole layer in one native call (make_native)
+
+    def make_native(self, packed_max_rows: int) -> None:
+        """Runs the layer as one call into the extension (the same kernels in the same order,
+        without the Python between them) where it can: one rank, packed weights on the CPU,
+        no q/k norm, biases on qkv only."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if (self.tp.size != 1 or attn.q_norm is not None or any(l.packed is None for l in linears)
+                or any(l.bias is not None for l in linears[1:])):
+            return
+        self.native = _native.LlamaLayer(
+            self.input_layernorm.weight, self.post_attention_layernorm.weight,
+            self.input_layernorm.eps, attn.qkv_proj.packed, attn.qkv_proj.out_features,
+            attn.qkv_proj.bias, attn.o_proj.packed, mlp.gate_up_proj.packed,
+            mlp.gate_up_proj.out_features, mlp.down_proj.packed, packed_max_rows, attn.num_heads,
+            attn.num_kv_heads, attn.head_dim, attn.rotary.cos_sin, attn.attn.scale)
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
+        if self.native is not None:
+            return self.native.forward(positions, hidden, residual, kv_cache[0], kv_cache[1],
+                                       meta.slot_mapping, meta.block_tables, meta.query_start_loc,
+                                       meta.seq_lens)
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)

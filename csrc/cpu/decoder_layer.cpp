@@ -1,0 +1,63 @@
+#include "cpu/decoder_layer.h"
+
+#include "cpu/ops.h"
+
+namespace pyserve::cpu {
+
+at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
+  if (x.size(0) <= max_rows) {
+    at::Tensor out = at::empty({x.size(0), out_features}, x.options());
+    packed_linear(out, x.contiguous(), packed, bias);
+    return out;
+  }
+  return at::linear(x, unpack_linear_weight(packed, out_features), bias);
+}
+
+LlamaLayer::LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, PackedLinear qkv,
+                       PackedLinear o_proj, PackedLinear gate_up, PackedLinear down,
+                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin,
+                       double scale)
+    : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)), eps_(eps),
+      qkv_(std::move(qkv)), o_proj_(std::move(o_proj)), gate_up_(std::move(gate_up)),
+      down_(std::move(down)), num_heads_(num_heads), num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim), cos_sin_(std::move(cos_sin)), scale_(scale) {
+  TORCH_CHECK(qkv_.out_features == (num_heads + 2 * num_kv_heads) * head_dim,
+              "LlamaLayer: qkv_proj has ", qkv_.out_features, " outputs for ", num_heads, " + 2 x ",
+              num_kv_heads, " heads of ", head_dim);
+}
+
+std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
+    const at::Tensor& positions, at::Tensor hidden, std::optional<at::Tensor> residual,
+    at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping,
+    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens) const {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.scalar_type() == at::kFloat,
+              "LlamaLayer: hidden must be contiguous float32 [T, hidden_size]");
+  at::Tensor res;
+  if (residual.has_value()) {
+    res = *residual;
+    fused_add_rms_norm(hidden, res, input_norm_, eps_);  // both in place
+  } else {
+    res = hidden;
+    at::Tensor normed = at::empty_like(hidden);
+    rms_norm(normed, hidden, input_norm_, eps_);
+    hidden = normed;
+  }
+  const int64_t T = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const at::Tensor qkv = qkv_(hidden);
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  rotary_embedding(positions, q, k, head_dim_, cos_sin_, /*is_neox=*/true);
+  reshape_and_cache(k, v, key_cache, value_cache, slot_mapping);
+  at::Tensor attn = at::empty_like(q);
+  paged_attention(attn, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_);
+  at::Tensor out = o_proj_(attn.view({T, q_size}));
+  fused_add_rms_norm(out, res, post_norm_, eps_);  // out = norm(out + res), res = out + res
+  const at::Tensor gate_up = gate_up_(out);
+  at::Tensor act = at::empty({T, gate_up.size(1) / 2}, gate_up.options());
+  silu_and_mul(act, gate_up);
+  return {down_(act), res};
+}
+
+}  // namespace pyserve::cpu
