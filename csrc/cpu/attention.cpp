@@ -111,7 +111,7 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
       const float new_max = std::max(m[g], reduce_max(block_max));
       const float correction = m[g] == neg_inf ? 0.f : std::exp(m[g] - new_max);
       const vec shift = set1(new_max);
-      for (int64_t c = 0; c < padded; c += kLanes) store(s + c, exp_nonpositive(sub(load(s + c), shift)));
+      for (int64_t c = 0; c < padded; c += kLanes) store(s + c, exp_clamped(sub(load(s + c), shift)));
       float sum = 0.f;
       for (int64_t j = 0; j < n; ++j) sum += s[j];  // the padding's tiny values left out
       l[g] = l[g] * correction + sum;

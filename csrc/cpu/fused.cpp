@@ -6,8 +6,10 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "cpu/ops.h"
+#include "cpu/vec.h"
 
 namespace pyserve::cpu {
 namespace {
@@ -105,6 +107,28 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optio
   if (key.has_value() && key->defined()) rotate(*key);
 }
 
+// The leading columns of one row of silu_and_mul done with vectors; returns how many. float32
+// only: a vector exponential (within 2 ulps of std::exp) instead of one libm call per element,
+// which took a fifth of a 2,048-token prefill.
+template <typename scalar_t>
+int64_t silu_and_mul_simd(const scalar_t*, scalar_t*, int64_t) {
+  return 0;
+}
+
+#ifdef PYSERVE_VEC
+template <>
+int64_t silu_and_mul_simd<float>(const float* x, float* o, int64_t d) {
+  using namespace simd;
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    const vec g = load(x + i);
+    const vec silu = div(g, add(set1(1.f), exp_clamped(sub(zero(), g))));
+    store(o + i, mul(silu, load(x + d + i)));
+  }
+  return i;
+}
+#endif
+
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   check_rows(input, "silu_and_mul");
   check_rows(out, "silu_and_mul");
@@ -113,12 +137,14 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
     const auto* x = input.data_ptr<scalar_t>();
     auto* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
-        for (int64_t i = 0; i < d; ++i) {
+      for (int64_t r = begin; r < end; ++r) {
+        int64_t i = silu_and_mul_simd(x + r * 2 * d, o + r * d, d);
+        for (; i < d; ++i) {
           const float g = static_cast<float>(x[r * 2 * d + i]);
           const float silu = static_cast<float>(static_cast<scalar_t>(g / (1.f + std::exp(-g))));
           o[r * d + i] = static_cast<scalar_t>(silu * static_cast<float>(x[r * 2 * d + d + i]));
         }
+      }
     });
   });
 }

@@ -39,6 +39,8 @@ inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
+inline vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
 inline vec round_nearest(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float reduce_add(vec v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(vec v) { return _mm512_reduce_max_ps(v); }
@@ -66,6 +68,8 @@ inline vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
+inline vec div(vec a, vec b) { return _mm256_div_ps(a, b); }
 inline vec round_nearest(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float reduce_add(vec v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -85,11 +89,11 @@ inline vec pow2i(vec n) {
 }
 #endif
 
-// e^x for x <= 0 (softmax numerators), within about 2 float32 ulps of std::exp down to
-// x = -87; below that the result is clamped to about 1e-38 instead of reaching 0, which is
-// negligible beside the softmax's sum (at least 1).
-inline vec exp_nonpositive(vec x) {
-  x = max(x, set1(-87.0f));
+// e^x within about 2 float32 ulps of std::exp for x in [-87, 88]; outside, x is clamped to
+// that range (about 1.6e-38 below, 1.7e38 above), which softmax numerators and SiLU's
+// 1 / (1 + e^-x) do not notice.
+inline vec exp_clamped(vec x) {
+  x = min(max(x, set1(-87.0f)), set1(88.0f));
   const vec n = round_nearest(mul(x, set1(1.44269504088896341f)));  // x / ln 2
   // r = x - n ln 2 in two steps (Cody-Waite), |r| <= ln2 / 2
   vec r = fma(n, set1(-0.693145751953125f), x);
