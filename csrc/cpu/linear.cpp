@@ -27,6 +27,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cpu/ops.h"
 #include "cpu/vec.h"
@@ -45,6 +46,7 @@ inline float half_at(const uint8_t* p) {
 
 template <typename W>
 struct FloatFormat {
+  static constexpr bool kQuantized = false;
   static constexpr int64_t kGroupBytes = kGroup * kPanel * sizeof(W);
   static int64_t panel_bytes(int64_t K) { return K * kPanel * sizeof(W); }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
@@ -53,6 +55,7 @@ struct FloatFormat {
 };
 
 struct Q4_1Format {
+  static constexpr bool kQuantized = true;
   static constexpr int64_t kBlockBytes = 20;  // GGUF: d, m (float16), 16 bytes of nibbles
   static constexpr int64_t kGroupBytes = 64 + 64 + kGroup * 16;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
@@ -75,6 +78,7 @@ struct Q4_1Format {
 };
 
 struct Q8_0Format {
+  static constexpr bool kQuantized = true;
   static constexpr int64_t kBlockBytes = 34;  // GGUF: d (float16), 32 int8
   static constexpr int64_t kGroupBytes = 64 + kGroup * 32;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
@@ -168,16 +172,20 @@ template <int MR, typename Format>
 inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, float* out,
                  int64_t ldo, int64_t cols, const float* bias) {
   constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
+  constexpr int64_t kLines = Format::kGroupBytes / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
   vec acc[MR][kVecs];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kVecs; ++v) acc[m][v] = zero();
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
     const uint8_t* group = panel + k0 / kGroup * Format::kGroupBytes;
-    for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
+    const char* ahead = reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes);
     const GroupReader<Format> reader(group);
     const int64_t n = std::min(kGroup, K - k0);
     for (int64_t kk = 0; kk < n; ++kk) {
+      // the lines of the group kAhead ahead, spread over this group's rows: a burst of them
+      // at once overflows the core's miss buffers
+      for (int64_t line = kk * kLinesPerRow; line < (kk + 1) * kLinesPerRow && line < kLines; ++line)
+        _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
       vec w[kVecs];
       reader.row(kk, w);
       for (int m = 0; m < MR; ++m) {
@@ -194,6 +202,20 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
       for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + bias[c];
     else
       std::memcpy(o, row, cols * sizeof(float));
+  }
+}
+
+// A quantized panel widened to float32 [K][32], for steps with more than one row tile: each
+// tile then reads floats (from cache) instead of dequantizing the same blocks again.
+template <typename Format>
+void widen_panel(const uint8_t* panel, int64_t K, float* dst) {
+  for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
+    const GroupReader<Format> reader(panel + k0 / kGroup * Format::kGroupBytes);
+    for (int64_t kk = 0; kk < kGroup; ++kk) {
+      vec w[kVecs];
+      reader.row(kk, w);
+      for (int v = 0; v < kVecs; ++v) store(dst + (k0 + kk) * kPanel + v * kLanes, w[v]);
+    }
   }
 }
 
@@ -232,6 +254,21 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
         const uint8_t* panel = packed + p * panel_bytes;
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
         const float* b = bias ? bias + n0 : nullptr;
+#ifdef PYSERVE_VEC
+        if constexpr (Format::kQuantized) {
+          if (m1 - m0 > kMaxRows) {
+            thread_local std::vector<float> widened;
+            widened.resize(K * kPanel);
+            widen_panel<Format>(panel, K, widened.data());
+            const auto* floats = reinterpret_cast<const uint8_t*>(widened.data());
+            for (int64_t m = m0; m < m1; m += kMaxRows)
+              tile_rows<FloatFormat<float>>(static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m)),
+                                            std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K,
+                                            floats, K, out + m * N + n0, N, cols, b);
+            continue;
+          }
+        }
+#endif
         for (int64_t m = m0; m < m1; m += kMaxRows) {
           const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
 #ifdef PYSERVE_VEC
