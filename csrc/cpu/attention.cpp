@@ -93,7 +93,17 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
     const int64_t n = std::min(block_size, num_keys - first);
     const scalar_t* kb = k_head + block * block_stride;
     const scalar_t* vb = v_head + block * block_stride;
+    // Blocks sit anywhere in the cache, so the hardware prefetcher cannot follow a sequence
+    // from one to the next: fetch the next block's row j while this block's row j is used.
+    const bool more = first + block_size < num_keys;
+    const int64_t next = more ? table[first / block_size + 1] : block;
+    const char* k_next = reinterpret_cast<const char*>(k_head + next * block_stride);
+    const char* v_next = reinterpret_cast<const char*>(v_head + next * block_stride);
+    constexpr int64_t kRowBytes = D * sizeof(scalar_t);
     for (int64_t j = 0; j < n; ++j) {
+      if (more)
+        for (int64_t line = 0; line < kRowBytes; line += 64)
+          _mm_prefetch(k_next + j * token_stride * sizeof(scalar_t) + line, _MM_HINT_T0);
       vec k[NV];
       for (int v = 0; v < NV; ++v) k[v] = load(kb + j * token_stride + v * kLanes);
       for (int64_t g = 0; g < group; ++g) {
@@ -120,6 +130,9 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
       const vec corr = set1(correction);
       for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + g * D + v * kLanes), corr);
       for (int64_t j = 0; j < n; ++j) {
+        if (more && g == 0)
+          for (int64_t line = 0; line < kRowBytes; line += 64)
+            _mm_prefetch(v_next + j * token_stride * sizeof(scalar_t) + line, _MM_HINT_T0);
         const vec p = set1(s[j]);
         const scalar_t* vj = vb + j * token_stride;
         for (int v = 0; v < NV; ++v) out[v] = fma(p, load(vj + v * kLanes), out[v]);
