@@ -205,13 +205,14 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
   }
 }
 
-// A quantized panel widened to float32 [K][32], for steps with more than one row tile: each
-// tile then reads floats (from cache) instead of dequantizing the same blocks again.
+// A panel widened to float32 [K][32]: for a quantized panel read by more than one row tile
+// (each tile then reads floats from cache instead of dequantizing the same blocks again), and
+// for unpack_linear_weight.
 template <typename Format>
 void widen_panel(const uint8_t* panel, int64_t K, float* dst) {
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
     const GroupReader<Format> reader(panel + k0 / kGroup * Format::kGroupBytes);
-    for (int64_t kk = 0; kk < kGroup; ++kk) {
+    for (int64_t kk = 0; kk < std::min(kGroup, K - k0); ++kk) {
       vec w[kVecs];
       reader.row(kk, w);
       for (int v = 0; v < kVecs; ++v) store(dst + (k0 + kk) * kPanel + v * kLanes, w[v]);
@@ -403,7 +404,24 @@ at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N) {
   const int64_t K = packed_k(packed);
   at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
   with_format(kind, [&]<typename Format>() {
-    rows_impl<Format>(static_cast<const uint8_t*>(packed.data_ptr()), nullptr, N, K, w.data_ptr<float>());
+    const auto* src = static_cast<const uint8_t*>(packed.data_ptr());
+#ifdef PYSERVE_VEC
+    // each panel widened with vectors into cache, then copied out row by row
+    float* dst = w.data_ptr<float>();
+    const int64_t panel_bytes = Format::panel_bytes(K);
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> widened(K * kPanel);
+      for (int64_t p = p0; p < p1; ++p) {
+        widen_panel<Format>(src + p * panel_bytes, K, widened.data());
+        for (int64_t c = 0; c < std::min(kPanel, N - p * kPanel); ++c) {
+          float* row = dst + (p * kPanel + c) * K;
+          for (int64_t k = 0; k < K; ++k) row[k] = widened[k * kPanel + c];
+        }
+      }
+    });
+#else
+    rows_impl<Format>(src, nullptr, N, K, w.data_ptr<float>());
+#endif
   });
   return w;
 }
