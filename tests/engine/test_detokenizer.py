@@ -90,3 +90,20 @@ def test_sentencepiece_style_tokenizer(tmp_path):
         out += detok.new_text(finished=True)
         # in context after the prompt, the first piece keeps its leading space
         assert out.strip() == fast.decode(ids).strip() == text
+
+
+def test_generic_tokenizer_loads_directly_and_matches_autotokenizer(default_model_dir):
+    """load_tokenizer skips AutoTokenizer's config resolution for the generic tokenizer classes;
+    what it returns must behave as AutoTokenizer's would."""
+    from transformers import AutoTokenizer
+
+    ours = load_tokenizer(default_model_dir)
+    theirs = AutoTokenizer.from_pretrained(str(default_model_dir))
+    assert type(ours) is type(theirs)
+    for text in ["Hello world", "<|im_start|>user\nhi<|im_end|>", " leading space", "ünïcödé 🙂"]:
+        assert ours.encode(text) == theirs.encode(text)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert (ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    assert (ours.eos_token_id, ours.bos_token_id, ours.all_special_ids) == \
+        (theirs.eos_token_id, theirs.bos_token_id, theirs.all_special_ids)
