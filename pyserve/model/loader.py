@@ -51,7 +51,8 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
 
 def pack_weights(model: torch.nn.Module) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
-    in the packed layout of our CPU linear kernel (see layers/linear.py)."""
+    in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
+    layers that can run as one native call are set up to."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
     from pyserve.model.layers.linear import (PACKED_MAX_ROWS, ColumnParallelLinear, RowParallelLinear,
                                              pack_for_cpu)

@@ -14,8 +14,8 @@ from pyserve.model.layers.quantized import source_tensor, weight_destination
 
 # Up to this many rows (decode steps, short chunks) our packed kernel runs a layer; above it a
 # step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
-# to float32 [N, K] for it (about 60 ms a step for SmolLM2-135M: 4% of a 2,048-token step).
-# benchmarks/linear.py measures both sides of this threshold.
+# to float32 [N, K] for it (for SmolLM2-135M's Q4_1 weights about 65 ms a step, 3% of a
+# 2,048-token step). benchmarks/linear.py measures both sides of this threshold.
 PACKED_MAX_ROWS = 256
 
 
