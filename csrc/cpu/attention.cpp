@@ -160,6 +160,48 @@ attend_fn<scalar_t> simd_attention(int64_t head_size) {
 }
 #endif
 
+// One work item of the plain path: the same contract as attend_simd, any head size and any
+// key/value strides.
+template <typename scalar_t>
+void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32_t* table,
+                  int64_t num_keys, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                  int64_t kv_head, float* scores, float* acc, float* m, float* l) {
+  const int64_t block_size = key_cache.size(2);
+  const scalar_t* kc = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
+  const scalar_t* vc = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::fill(acc, acc + group * head_size, 0.f);
+  std::fill(m, m + group, neg_inf);
+  std::fill(l, l + group, 0.f);
+  for (int64_t first = 0; first < num_keys; first += block_size) {
+    const int64_t block = table[first / block_size];
+    const int64_t n = std::min(block_size, num_keys - first);
+    const scalar_t* kb = kc + block * key_cache.stride(0);
+    const scalar_t* vb = vc + block * value_cache.stride(0);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * head_size;
+      float* ag = acc + g * head_size;
+      float block_max = neg_inf;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[j] = dot(qg, kb + j * key_cache.stride(2), head_size);
+        block_max = std::max(block_max, scores[j]);
+      }
+      const float new_max = std::max(m[g], block_max);
+      const float correction = std::exp(m[g] - new_max);
+      if (correction != 1.f) {
+        l[g] *= correction;
+        for (int64_t d = 0; d < head_size; ++d) ag[d] *= correction;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float p = std::exp(scores[j] - new_max);
+        l[g] += p;
+        axpy(ag, p, vb + j * value_cache.stride(2), head_size);
+      }
+      m[g] = new_max;
+    }
+  }
+}
+
 template <typename scalar_t>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                           const at::Tensor& value_cache, const at::Tensor& block_tables,
@@ -187,49 +229,19 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   }
 
   const scalar_t* q = query.data_ptr<scalar_t>();
-  const scalar_t* kc = key_cache.data_ptr<scalar_t>();
-  const scalar_t* vc = value_cache.data_ptr<scalar_t>();
   scalar_t* o = out.data_ptr<scalar_t>();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-
 #ifdef PYSERVE_VEC
-  const auto simd_path = simd_attention<scalar_t>(head_size);
-  if (simd_path != nullptr && key_cache.stride(3) == 1 && value_cache.stride(3) == 1 &&
-      key_cache.strides() == value_cache.strides()) {
-    at::parallel_for(0, num_tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-      const int64_t padded = (block_size + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
-      std::vector<float> qf(group * head_size), acc(group * head_size), m(group), l(group);
-      std::vector<float> scores(group * padded);
-      for (int64_t work = begin; work < end; ++work) {
-        const int64_t t = work / num_kv_heads, kv_head = work % num_kv_heads;
-        const int32_t b = row_seq[t];
-        if (b < 0) continue;
-        const int64_t q_len = starts[b + 1] - starts[b];
-        const int64_t num_keys = lens[b] - q_len + (t - starts[b]) + 1;
-        for (int64_t g = 0; g < group; ++g) {
-          const scalar_t* qs = q + t * query.stride(0) + (kv_head * group + g) * query.stride(1);
-          for (int64_t d = 0; d < head_size; ++d)
-            qf[g * head_size + d] = static_cast<float>(qs[d]) * scale;
-        }
-        simd_path(qf.data(), group, tables + b * table_stride, num_keys,
-                  kc + kv_head * key_cache.stride(1), vc + kv_head * value_cache.stride(1),
-                  key_cache.stride(0), key_cache.stride(2), block_size, scores.data(), acc.data(),
-                  m.data(), l.data());
-        for (int64_t g = 0; g < group; ++g) {
-          scalar_t* os = o + t * out.stride(0) + (kv_head * group + g) * out.stride(1);
-          const float inv = 1.f / l[g];
-          for (int64_t d = 0; d < head_size; ++d)
-            os[d] = static_cast<scalar_t>(acc[g * head_size + d] * inv);
-        }
-      }
-    });
-    return;
-  }
+  const bool same_layout = key_cache.stride(3) == 1 && value_cache.stride(3) == 1 &&
+                           key_cache.strides() == value_cache.strides();
+  const attend_fn<scalar_t> simd_path = same_layout ? simd_attention<scalar_t>(head_size) : nullptr;
+  const int64_t padded = (block_size + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
+#else
+  const int64_t padded = block_size;
 #endif
 
   at::parallel_for(0, num_tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * head_size), acc(group * head_size), m(group), l(group);
-    std::vector<float> scores(block_size);
+    std::vector<float> scores(group * padded);
     for (int64_t work = begin; work < end; ++work) {
       const int64_t t = work / num_kv_heads, kv_head = work % num_kv_heads;
       const int32_t b = row_seq[t];
@@ -241,37 +253,18 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
         for (int64_t d = 0; d < head_size; ++d)
           qf[g * head_size + d] = static_cast<float>(qs[d]) * scale;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), neg_inf);
-      std::fill(l.begin(), l.end(), 0.f);
       const int32_t* table = tables + b * table_stride;
-      for (int64_t first = 0; first < num_keys; first += block_size) {
-        const int64_t block = table[first / block_size];
-        const int64_t n = std::min(block_size, num_keys - first);
-        const scalar_t* kb = kc + block * key_cache.stride(0) + kv_head * key_cache.stride(1);
-        const scalar_t* vb = vc + block * value_cache.stride(0) + kv_head * value_cache.stride(1);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * head_size;
-          float* ag = acc.data() + g * head_size;
-          float block_max = neg_inf;
-          for (int64_t j = 0; j < n; ++j) {
-            scores[j] = dot(qg, kb + j * key_cache.stride(2), head_size);
-            block_max = std::max(block_max, scores[j]);
-          }
-          const float new_max = std::max(m[g], block_max);
-          const float correction = std::exp(m[g] - new_max);
-          if (correction != 1.f) {
-            l[g] *= correction;
-            for (int64_t d = 0; d < head_size; ++d) ag[d] *= correction;
-          }
-          for (int64_t j = 0; j < n; ++j) {
-            const float p = std::exp(scores[j] - new_max);
-            l[g] += p;
-            axpy(ag, p, vb + j * value_cache.stride(2), head_size);
-          }
-          m[g] = new_max;
-        }
-      }
+#ifdef PYSERVE_VEC
+      if (simd_path != nullptr)
+        simd_path(qf.data(), group, table, num_keys,
+                  key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1),
+                  value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1),
+                  key_cache.stride(0), key_cache.stride(2), block_size, scores.data(), acc.data(),
+                  m.data(), l.data());
+      else
+#endif
+        attend_plain<scalar_t>(qf.data(), group, head_size, table, num_keys, key_cache,
+                               value_cache, kv_head, scores.data(), acc.data(), m.data(), l.data());
       for (int64_t g = 0; g < group; ++g) {
         scalar_t* os = o + t * out.stride(0) + (kv_head * group + g) * out.stride(1);
         const float inv = 1.f / l[g];

@@ -45,7 +45,7 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            if getattr(module, "gguf", None) is None:
+            if module.gguf is None:
                 module.weight.data = module.weight.data.to(weight_dtype)
 
 
@@ -59,7 +59,7 @@ def pack_weights(model: torch.nn.Module) -> None:
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-            if getattr(module, "gguf", None) is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
+            if module.gguf is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
                 pack_for_cpu(module)
     for module in model.modules():
         if hasattr(module, "make_native"):

@@ -23,7 +23,7 @@ def pack_for_cpu(layer: nn.Module) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
     lookup read. The unpacked copy is freed."""
-    weight, gguf = layer.weight.data, getattr(layer, "gguf", None)
+    weight, gguf = layer.weight.data, layer.gguf
     if gguf is not None:
         layer.packed = _native.pack_gguf_weight(gguf.blocks, gguf.shape[1], gguf.type)
         layer.gguf = None

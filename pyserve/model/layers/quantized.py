@@ -48,7 +48,7 @@ def weight_destination(layer: nn.Module, param: nn.Parameter, loaded) -> torch.T
     if not isinstance(loaded, GGUFBlocks):
         return param.data
     rows, cols = param.shape
-    current = getattr(layer, "gguf", None)
+    current = layer.gguf
     if current is None:
         if cols % BLOCK:
             raise ModelLoadError(f"a {loaded.type} weight needs inputs in multiples of {BLOCK}, "
