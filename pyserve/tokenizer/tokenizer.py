@@ -6,12 +6,8 @@ import json
 from pathlib import Path
 
 from pyserve.model.errors import ModelLoadError
+from pyserve.tokenizer.fast import GENERIC_CLASSES, load_fast_tokenizer
 
-
-# Tokenizer classes that depend on nothing but the tokenizer files: loaded directly, because
-# AutoTokenizer first resolves the model's config class, whose import chain (transformers'
-# model-loading machinery, torch.distributed.tensor) took 2 of the server's 4 s of start-up.
-_GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def _declared_class(path: Path) -> str | None:
@@ -22,10 +18,19 @@ def _declared_class(path: Path) -> str | None:
 
 
 def load_tokenizer(path: Path):
+    """The tokenizers-only FastTokenizer where it behaves as transformers' tokenizer would
+    (importing transformers is a second of start-up), otherwise transformers' tokenizer."""
+    return load_fast_tokenizer(path) or load_transformers_tokenizer(path)
+
+
+def load_transformers_tokenizer(path: Path):
     import transformers
 
+    # The generic classes depend on nothing but the tokenizer files: loaded directly, because
+    # AutoTokenizer first resolves the model's config class, whose import chain (transformers'
+    # model-loading machinery, torch.distributed.tensor) costs seconds.
     declared = _declared_class(path)
-    if declared in _GENERIC_CLASSES and hasattr(transformers, declared):
+    if declared in GENERIC_CLASSES and hasattr(transformers, declared):
         try:
             return getattr(transformers, declared).from_pretrained(str(path))
         except Exception:  # anything unusual: let AutoTokenizer decide (and report)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
-from pyserve.tokenizer.tokenizer import load_tokenizer
+from pyserve.tokenizer.tokenizer import load_tokenizer, load_transformers_tokenizer
 
 TEXTS = ["Héllo wörld, ça va? 日本語のテキスト 🎉🚀 emoji, Ελληνικά, русский текст.",
          "naïve café — “quotes” and ‘more’ … 数学 ∑∫√ done"]
@@ -93,11 +93,11 @@ def test_sentencepiece_style_tokenizer(tmp_path):
 
 
 def test_generic_tokenizer_loads_directly_and_matches_autotokenizer(default_model_dir):
-    """load_tokenizer skips AutoTokenizer's config resolution for the generic tokenizer classes;
-    what it returns must behave as AutoTokenizer's would."""
+    """load_transformers_tokenizer skips AutoTokenizer's config resolution for the generic
+    tokenizer classes; what it returns must behave as AutoTokenizer's would."""
     from transformers import AutoTokenizer
 
-    ours = load_tokenizer(default_model_dir)
+    ours = load_transformers_tokenizer(default_model_dir)
     theirs = AutoTokenizer.from_pretrained(str(default_model_dir))
     assert type(ours) is type(theirs)
     for text in ["Hello world", "<|im_start|>user\nhi<|im_end|>", " leading space", "ünïcödé 🙂"]:
