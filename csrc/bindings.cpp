@@ -7,6 +7,7 @@
 #include "cpu/ops.h"
 #include "kv/block_pool.h"
 #ifdef PYSERVE_CUDA
+#include "cuda/graphs.h"
 #include "cuda/nccl_communicator.h"
 #include "cuda/ops.h"
 #endif
@@ -201,6 +202,18 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("world_size", &ShmCommunicator::world_size)
       .def_property_readonly("name", &ShmCommunicator::name);
 
+#ifdef PYSERVE_CUDA
+  // capture() calls back into Python (the forward to record) with the GIL held throughout.
+  py::class_<pyserve::cuda::CudaGraphs>(m, "CudaGraphs")
+      .def(py::init<int64_t>(), py::arg("device"))
+      .def("capture", [](pyserve::cuda::CudaGraphs& g, int64_t size, py::function forward) {
+             g.capture(size, [&forward] { forward(); });
+           }, py::arg("size"), py::arg("forward"))
+      .def("replay", &pyserve::cuda::CudaGraphs::replay, py::arg("size"), release())
+      .def("has", &pyserve::cuda::CudaGraphs::has, py::arg("size"))
+      .def("sizes", &pyserve::cuda::CudaGraphs::sizes)
+      .def("reset", &pyserve::cuda::CudaGraphs::reset);
+#endif
 #ifdef PYSERVE_NCCL
   using pyserve::cuda::NcclCommunicator;
   m.def("nccl_unique_id", [] { return py::bytes(pyserve::cuda::nccl_unique_id()); });

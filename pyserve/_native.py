@@ -16,6 +16,7 @@ built_with_nccl = _C.built_with_nccl
 ShmCommunicator = _C.ShmCommunicator
 NcclCommunicator = getattr(_C, "NcclCommunicator", None)  # CUDA builds with NCCL only
 nccl_unique_id = getattr(_C, "nccl_unique_id", None)
+CudaGraphs = getattr(_C, "CudaGraphs", None)  # CUDA builds only
 pack_linear_weight = _C.pack_linear_weight
 packed_linear = _C.packed_linear
 unpack_linear_weight = _C.unpack_linear_weight

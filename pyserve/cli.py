@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mp: worker processes (the default above size 1); uni: this process only")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
+    g.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
+                   help="decode batch sizes captured as CUDA graphs: one value N -> 1, 2, 4 and "
+                        "multiples of 8 up to N; several -> exactly those (default: up to "
+                        "--max-num-seqs)")
 
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")

@@ -62,6 +62,9 @@ class ParallelConfig:
 class DeviceConfig:
     device: str = "auto"
     enforce_eager: bool = False
+    # vLLM's --cuda-graph-sizes: None -> 1, 2, 4, 8, 16, ... up to --max-num-seqs; one value
+    # N -> that pattern up to N; several -> exactly those decode batch sizes
+    cuda_graph_sizes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class Config:
         """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
         if isinstance(values.get("kv_cache_memory"), str):
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        sizes = values.get("cuda_graph_sizes")
+        if sizes is not None:  # a list from the CLI or LLM(...), one int from PYSERVE_*
+            values["cuda_graph_sizes"] = (sizes,) if isinstance(sizes, int) else tuple(sizes)
         sections = {}
         unknown = set(values)
         for section in dataclasses.fields(Config):
@@ -154,6 +160,9 @@ def validate(config: Config) -> None:
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")
     need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens > 0, "--max-num-batched-tokens", "must be positive")
+    sizes = config.device.cuda_graph_sizes
+    need(sizes is None or (len(sizes) > 0 and all(isinstance(n, int) and n > 0 for n in sizes)),
+         "--cuda-graph-sizes", "must be positive integers")
     need(config.parallel.tensor_parallel_size >= 1, "--tensor-parallel-size", "must be at least 1")
     need(config.parallel.distributed_executor_backend in (None, *EXECUTOR_BACKENDS),
          "--distributed-executor-backend", f"must be one of {', '.join(EXECUTOR_BACKENDS)}")

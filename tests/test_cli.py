@@ -52,12 +52,20 @@ def test_environment_gives_defaults_and_the_command_line_wins():
     (["--port", "70000"], {}, "--port"),
     (["--model", "/does/not/exist"], {}, "--model"),
     ([], {"PYSERVE_MAX_NUM_SEQS": "many"}, "--max-num-seqs"),
+    (["--cuda-graph-sizes", "8", "0"], {}, "--cuda-graph-sizes"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, env, flag, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_config(argv, environ=env)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_cuda_graph_sizes_as_vllm_takes_them():
+    assert parse_config([]).device.cuda_graph_sizes is None
+    assert parse_config(["--cuda-graph-sizes", "8", "16"]).device.cuda_graph_sizes == (8, 16)
+    assert parse_config([], environ={"PYSERVE_CUDA_GRAPH_SIZES": "32"}).device.cuda_graph_sizes == (32,)
+    assert Config.from_flat(cuda_graph_sizes=[1, 2]).device.cuda_graph_sizes == (1, 2)
 
 
 def test_bad_flag_fails_before_loading_anything():

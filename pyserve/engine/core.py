@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from pyserve import _native
 from pyserve.config import Config
 from pyserve.engine.output import Logprob, RequestOutput
 from pyserve.engine.request import Request
@@ -25,6 +26,7 @@ from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, bytes_per_block
 from pyserve.kv.manager import KVCacheManager
 from pyserve.model.errors import ModelLoadError
 from pyserve.model.layers.parallel import kv_heads_per_rank
+from pyserve.model.cuda_graphs import capture_sizes
 from pyserve.model.loader import resolve_dtype
 from pyserve.model.runner import PreparedBatch, StepResult
 from pyserve.model.source import resolve_model
@@ -37,12 +39,15 @@ CPU_WARMUP_TOKENS = 16
 
 
 def resolve_device(name: str) -> torch.device:
+    """auto: CUDA where torch sees a device and pyserve._C has CUDA kernels, else the CPU."""
+    cuda_ready = torch.cuda.is_available() and _native.built_with_cuda()
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if cuda_ready else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("--device cuda: this torch sees no CUDA device")
-    if name == "cuda":
-        raise ModelLoadError("--device cuda: the CUDA path is not built yet; use --device cpu")
+    if name == "cuda" and not cuda_ready:
+        raise ModelLoadError("--device cuda: this build of pyserve._C has no CUDA kernels (it was "
+                             "built without nvcc or against a CPU torch); rebuild it, or use --device cpu")
     return torch.device(name)
 
 
@@ -85,20 +90,29 @@ class EngineCore:
 
         block_size = config.cache.block_size
         per_block = bytes_per_block(arch, kv_heads_per_rank(arch.num_kv_heads, tp), block_size, self.dtype)
-        budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
-        num_blocks = budget // per_block
         need = -(-self.max_model_len // block_size)
-        if num_blocks < need:
-            raise ModelLoadError(
-                f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
-                f"hold one sequence of --max-model-len {self.max_model_len} ({need} blocks); raise "
-                "--kv-cache-memory or lower --max-model-len")
+        num_blocks = None  # CUDA without --kv-cache-memory: measured after loading (kv/memory.py)
+        if self.device.type == "cpu" or config.cache.kv_cache_memory is not None:
+            budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+            num_blocks = budget // per_block
+            if num_blocks < need:
+                raise ModelLoadError(
+                    f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
+                    f"hold one sequence of --max-model-len {self.max_model_len} ({need} blocks); raise "
+                    "--kv-cache-memory or lower --max-model-len")
+        sched = config.scheduler
+        graph_sizes = ()
+        if self.device.type == "cuda" and not config.device.enforce_eager:
+            graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
         spec = ShardSpec(arch, source.path, config.model.load_format, self.dtype, self.device.type,
                          self.max_model_len, config.model.seed, block_size, num_blocks, tp,
-                         self.weight_dtype, source.gguf_path)
+                         self.weight_dtype, source.gguf_path, config.cache.gpu_memory_utilization,
+                         sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes)
         self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
-        weights = (f"GGUF weights from {source.gguf_path.name}, {self.dtype} activations".replace("torch.", "")
-                   if source.gguf_path is not None else _dtype_name(self.dtype, self.weight_dtype))
+        num_blocks = self.executor.runner.num_blocks
+        gguf_kept = source.gguf_path is not None and self.device.type == "cpu" and self.dtype == torch.float32
+        weights = (f"GGUF weights from {source.gguf_path.name}, float32 activations" if gguf_kept
+                   else _dtype_name(self.dtype, self.weight_dtype))
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
                     arch.architecture, source.path, weights,
                     self.device, time.perf_counter() - t0, self.executor.description, tp)

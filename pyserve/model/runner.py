@@ -78,10 +78,13 @@ class ModelRunner:
                  seed: int):
         self.model = model
         self.kv_caches = kv_caches
+        self.num_blocks = kv_caches[0][0].shape[0] if kv_caches else 0
         self.block_size = block_size
         self.device = device
         self.vocab_size = model.arch.vocab_size
-        self.generator = torch.Generator().manual_seed(seed)  # for requests without a seed
+        # for requests without a seed; on the device, so that their noise is drawn there
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.graphs = None  # DecodeGraphs, once captured (CUDA, without --enforce-eager)
 
     def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         bs = self.block_size
@@ -129,11 +132,17 @@ class ModelRunner:
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
         """The forward pass -> float32 logits of inputs.logits_rows (None on ranks other than
         0, or when no row needs logits)."""
-        inputs = inputs.to(self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if inputs.logits_rows.numel() == 0:
+        size = self.graphs.bucket(inputs) if self.graphs is not None else None
+        if size is not None:
+            hidden = self.graphs.run(inputs, size)
+            rows = inputs.logits_rows.to(self.device, non_blocking=True)
+        else:
+            inputs = inputs.to(self.device)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            rows = inputs.logits_rows
+        if rows.numel() == 0:
             return None
-        logits = self.model.compute_logits(hidden[inputs.logits_rows])
+        logits = self.model.compute_logits(hidden[rows])
         return None if logits is None else logits.float()
 
     @torch.inference_mode()

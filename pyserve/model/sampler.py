@@ -118,25 +118,39 @@ def _top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
 
 
 def _exponential_noise(probs: torch.Tensor, generators, default: torch.Generator) -> torch.Tensor:
+    """Each row's noise comes from its generator, drawn on that generator's device (a seeded
+    request's generator lives on the CPU, so its tokens do not depend on the device)."""
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if unseeded:
-        noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
-            generator=default)
+        noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=default.device).exponential_(
+            generator=default).to(probs.device)
     for i, g in enumerate(generators):
-        if g is not None:
+        if g is None:
+            continue
+        if g.device == probs.device:
             noise[i].exponential_(generator=g)
+        else:
+            noise[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g).to(probs.device)
     return noise
 
 
-def _logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> SampledLogprobs:
+def _with_logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> SamplerOutput:
+    """The chosen ids and their logprobs, brought to the host in one copy: one float64 table
+    (exact for float32 values and for ids and ranks below 2**53) of rows
+    [chosen, logprob, rank, top-k ids..., top-k logprobs...]."""
     logprobs = raw.log_softmax(dim=-1)
     picked = logprobs.gather(1, chosen[:, None])
-    ranks = (logprobs > picked).sum(dim=-1) + 1
-    top = logprobs.topk(k, dim=-1) if k > 0 else None
-    return SampledLogprobs(picked[:, 0].tolist(), ranks.tolist(),
-                           top.indices.tolist() if top else [[] for _ in range(len(chosen))],
-                           top.values.tolist() if top else [[] for _ in range(len(chosen))])
+    ranks = (logprobs > picked).sum(dim=-1, keepdim=True) + 1
+    columns = [chosen[:, None], picked, ranks]
+    if k > 0:
+        top = logprobs.topk(k, dim=-1)
+        columns += [top.indices, top.values]
+    host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
+    ids = [int(row[0]) for row in host]
+    return SamplerOutput(ids, SampledLogprobs(
+        [row[1] for row in host], [int(row[2]) for row in host],
+        [[int(i) for i in row[3:3 + k]] for row in host], [row[3 + k:] for row in host]))
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:
@@ -158,5 +172,6 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generato
             probs = probs.masked_fill(probs < floor, 0.0)
         drawn = (probs / _exponential_noise(probs, meta.generators, default)).argmax(dim=-1)
         chosen = torch.where(meta.greedy, chosen, drawn)
-    logprobs = _logprobs(raw, chosen, meta.max_num_logprobs) if meta.max_num_logprobs >= 0 else None
-    return SamplerOutput(chosen.tolist(), logprobs)
+    if meta.max_num_logprobs >= 0:
+        return _with_logprobs(raw, chosen, meta.max_num_logprobs)
+    return SamplerOutput(chosen.tolist(), None)  # the step's one device-to-host copy
