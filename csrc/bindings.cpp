@@ -213,6 +213,7 @@ PYBIND11_MODULE(_C, m) {
       .def("has", &pyserve::cuda::CudaGraphs::has, py::arg("size"))
       .def("sizes", &pyserve::cuda::CudaGraphs::sizes)
       .def("reset", &pyserve::cuda::CudaGraphs::reset);
+  m.def("notify_when_done", &pyserve::cuda::notify_when_done, py::arg("eventfd"), py::arg("device"));
 #endif
 #ifdef PYSERVE_NCCL
   using pyserve::cuda::NcclCommunicator;

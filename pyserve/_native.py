@@ -17,6 +17,7 @@ ShmCommunicator = _C.ShmCommunicator
 NcclCommunicator = getattr(_C, "NcclCommunicator", None)  # CUDA builds with NCCL only
 nccl_unique_id = getattr(_C, "nccl_unique_id", None)
 CudaGraphs = getattr(_C, "CudaGraphs", None)  # CUDA builds only
+notify_when_done = getattr(_C, "notify_when_done", None)  # CUDA builds only
 pack_linear_weight = _C.pack_linear_weight
 packed_linear = _C.packed_linear
 unpack_linear_weight = _C.unpack_linear_weight

@@ -73,10 +73,10 @@ fi
 step "CUDA tests"
 tests=(tests/cuda tests/kernels/test_cuda.py)
 if "$python" -c "import pytest" 2>/dev/null; then
-  timeout 130 "$python" -m pytest -m cuda -q -rs -p no:cacheprovider "${tests[@]}" || failed+=("tests (pytest)")
+  timeout 170 "$python" -m pytest -m cuda -q -rs -p no:cacheprovider "${tests[@]}" || failed+=("tests (pytest)")
 else
   echo "pytest missing: tools/run_cuda_tests.py instead"
-  timeout 130 "$python" tools/run_cuda_tests.py || failed+=("tests (fallback runner)")
+  timeout 170 "$python" tools/run_cuda_tests.py || failed+=("tests (fallback runner)")
 fi
 if [ $dry = 1 ]; then
   step "CUDA tests through the fallback runner and its pytest stand-in"

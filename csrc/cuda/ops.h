@@ -38,4 +38,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
 // out[..., :d] = silu(input[..., :d]) * input[..., d:], input [..., 2d] (gate | up).
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 
+// Queues, on the device's current stream, a write of 1 to `eventfd` once all work queued
+// before it has finished.
+void notify_when_done(int64_t eventfd, int64_t device);
+
 }  // namespace pyserve::cuda

@@ -4,8 +4,10 @@ The step loop is a task on the same loop as everything else: it schedules, prepa
 batch, then awaits the forward pass and sampling, which run in one dedicated model thread
 (torch releases the GIL inside its kernels, so the loop keeps serving HTTP, tokenizing and
 detokenizing meanwhile); back on the loop it applies the results and hands each request's
-output to its stream. A thread rather than a native completion signal because the CPU
-kernels are synchronous calls; a CUDA stream event can replace it behind run().
+output to its stream. On the CPU the kernels are synchronous calls, so the model thread runs
+the whole step. On CUDA it only queues the step on a stream (launch) and returns; the loop
+then awaits an eventfd the stream writes when the step and the copy of its results are done
+(engine/completion.py), so no thread sits blocked waiting on the device.
 
 Request state is touched only on the loop. An abort that lands while a step runs frees the
 request's blocks at once; nothing can reuse them before the step ends, because only the loop
@@ -20,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.engine.sampling_params import SamplingParams
@@ -51,6 +54,7 @@ class AsyncEngine:
         self._last_tokens = (0, 0)
         self.dead_reason: str | None = None
         self.died = asyncio.Event()  # set once the engine can never step again
+        self._completion: StepCompletion | None = None  # CUDA: made on the first step
 
     def start(self) -> None:
         if self._task is None and self.dead_reason is None:
@@ -80,6 +84,9 @@ class AsyncEngine:
                 pass
             self._task = None
         self._model_thread.shutdown(wait=True)
+        if self._completion is not None:
+            self._completion.close()
+            self._completion = None
         self.core.shutdown()
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
@@ -153,7 +160,7 @@ class AsyncEngine:
             prepared = self.core.prepare(batch)
             t1 = time.perf_counter()
             try:
-                result = await loop.run_in_executor(self._model_thread, self.core.run, prepared)
+                result = await self._run_step(loop, prepared)
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
                 self._fail(batch, exc)
@@ -169,6 +176,17 @@ class AsyncEngine:
             self.last_progress = time.monotonic()
             self._maybe_log_stats()
             await asyncio.sleep(0)  # let the loop breathe between steps
+
+    async def _run_step(self, loop: asyncio.AbstractEventLoop, prepared):
+        if not self.core.launches_async:
+            return await loop.run_in_executor(self._model_thread, self.core.run, prepared)
+        if self._completion is None:
+            self._completion = StepCompletion(loop)
+        done = self._completion.arm()
+        launched = await loop.run_in_executor(self._model_thread, self.core.launch, prepared,
+                                              self._completion.fd)
+        await done
+        return self.core.finish(launched)
 
     def _maybe_log_stats(self) -> None:
         t = time.monotonic()

@@ -28,7 +28,7 @@ from pyserve.model.errors import ModelLoadError
 from pyserve.model.layers.parallel import kv_heads_per_rank
 from pyserve.model.cuda_graphs import capture_sizes
 from pyserve.model.loader import resolve_dtype
-from pyserve.model.runner import PreparedBatch, StepResult
+from pyserve.model.runner import LaunchedStep, ModelRunner, PreparedBatch, StepResult
 from pyserve.model.source import resolve_model
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 from pyserve.tokenizer.tokenizer import load_tokenizer
@@ -257,6 +257,20 @@ class EngineCore:
 
     def run(self, prepared: PreparedBatch) -> StepResult:
         return self.executor.execute(prepared)
+
+    @property
+    def launches_async(self) -> bool:
+        """CUDA: steps can be queued (launch) and awaited without a blocked thread (finish)."""
+        return self.device.type == "cuda" and _native.notify_when_done is not None
+
+    def launch(self, prepared: PreparedBatch, notify_fd: int) -> LaunchedStep:
+        """Queues the step on the device; notify_fd (an eventfd) is written when it is done.
+        May run off the caller's thread, like run()."""
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return self.executor.launch(prepared, lambda: _native.notify_when_done(notify_fd, index))
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        return ModelRunner.finish(launched)
 
     def on_executor_failure(self, callback) -> None:
         """callback(reason), from another thread, when a tensor-parallel worker dies."""

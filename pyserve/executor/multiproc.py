@@ -31,7 +31,7 @@ from pyserve.executor.step_channel import StepChannel
 from pyserve.executor.worker import WorkerArgs, worker_main
 from pyserve.model.errors import ModelLoadError
 from pyserve.model.layers.parallel import TPGroup
-from pyserve.model.runner import PreparedBatch, StepResult
+from pyserve.model.runner import LaunchedStep, PreparedBatch, StepResult
 
 logger = logging.getLogger("pyserve")
 
@@ -101,6 +101,12 @@ class MultiprocExecutor:
             raise RuntimeError(self.failure)
         self.channel.send(batch.inputs)
         return self.runner.run(batch)
+
+    def launch(self, batch: PreparedBatch, notify) -> LaunchedStep:
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        self.channel.send(batch.inputs)
+        return self.runner.launch(batch, notify)
 
     def on_failure(self, callback: Callable[[str], None]) -> None:
         """callback(reason) runs on the watchdog thread when a worker dies outside shutdown."""

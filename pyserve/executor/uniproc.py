@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from pyserve.executor.shard import ShardSpec, build_model_runner
 from pyserve.model.layers.parallel import SINGLE
-from pyserve.model.runner import PreparedBatch, StepResult
+from pyserve.model.runner import LaunchedStep, PreparedBatch, StepResult
 
 
 class UniprocExecutor:
@@ -23,6 +23,9 @@ class UniprocExecutor:
 
     def execute(self, batch: PreparedBatch) -> StepResult:
         return self.runner.run(batch)
+
+    def launch(self, batch: PreparedBatch, notify) -> LaunchedStep:
+        return self.runner.launch(batch, notify)
 
     def on_failure(self, callback: Callable[[str], None]) -> None:
         """Nothing outside this process can fail under it."""

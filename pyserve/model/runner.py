@@ -15,7 +15,8 @@ import torch
 
 from pyserve.engine.scheduler import ScheduledRequest
 from pyserve.model.layers.attention import AttentionMetadata
-from pyserve.model.sampler import SamplerOutput, SamplingMetadata, build_metadata, sample
+from pyserve.model.sampler import (SamplerOutput, SamplingMetadata, build_metadata, read_result_table,
+                                   sample, sample_on_device)
 
 
 @dataclass
@@ -73,6 +74,15 @@ class StepResult:
     prompt_logprobs: list[PromptLogprobs]
 
 
+@dataclass
+class LaunchedStep:
+    """A step queued on the device; its results are readable once the stream has run it."""
+
+    batch: PreparedBatch
+    table: torch.Tensor | None  # pinned host memory the sampler's result table is copied into
+    prompt_logprobs: list[PromptLogprobs]
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, device: torch.device,
                  seed: int):
@@ -85,6 +95,7 @@ class ModelRunner:
         # for requests without a seed; on the device, so that their noise is drawn there
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.graphs = None  # DecodeGraphs, once captured (CUDA, without --enforce-eager)
+        self._stream = None  # CUDA: the stream launch() queues steps on, made on first use
 
     def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
         bs = self.block_size
@@ -151,12 +162,44 @@ class ModelRunner:
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
+        return StepResult(sampled, self._prompt_logprobs(logits, batch))
+
+    def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
         for request in batch.prompt_logprobs:
             n = len(request.rows)
             prompt_logprobs.append(_prompt_logprobs(logits[row: row + n], request))
             row += n
-        return StepResult(sampled, prompt_logprobs)
+        return prompt_logprobs
+
+    @torch.inference_mode()
+    def launch(self, batch: PreparedBatch, notify) -> LaunchedStep:
+        """CUDA: queues the step (forward, sampling, the copy of its result table to pinned
+        host memory) on this runner's step stream, then notify() (a host-function write the
+        event loop awaits), and returns without waiting for the device. Prompt-logprob rows,
+        which few requests ask for, are read synchronously."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        # the batch's sampling tensors were copied in on the default stream, by the loop's thread
+        self._stream.wait_stream(torch.cuda.default_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            logits = self.execute_model(batch.inputs)
+            table = None
+            if batch.sampling is not None:
+                on_device = sample_on_device(logits[: batch.num_sampled], batch.sampling, self.generator)
+                table = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
+                table.copy_(on_device, non_blocking=True)
+            prompt_logprobs = self._prompt_logprobs(logits, batch)
+            notify()
+        return LaunchedStep(batch, table, prompt_logprobs)
+
+    @staticmethod
+    def finish(step: LaunchedStep) -> StepResult:
+        """After launch()'s notification: the step's results, read from host memory."""
+        sampled = None
+        if step.table is not None:
+            sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
+        return StepResult(sampled, step.prompt_logprobs)
 
 
 @torch.inference_mode()

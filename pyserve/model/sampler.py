@@ -135,10 +135,13 @@ def _exponential_noise(probs: torch.Tensor, generators, default: torch.Generator
     return noise
 
 
-def _with_logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> SamplerOutput:
-    """The chosen ids and their logprobs, brought to the host in one copy: one float64 table
-    (exact for float32 values and for ids and ranks below 2**53) of rows
+def _result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
+    """Everything the host needs from the sampler in one tensor, so that it crosses to the
+    host in one copy: without logprobs (k < 0) the chosen ids [S] (int64); with them one
+    float64 table (exact for float32 values and for ids and ranks below 2**53) of rows
     [chosen, logprob, rank, top-k ids..., top-k logprobs...]."""
+    if k < 0:
+        return chosen
     logprobs = raw.log_softmax(dim=-1)
     picked = logprobs.gather(1, chosen[:, None])
     ranks = (logprobs > picked).sum(dim=-1, keepdim=True) + 1
@@ -146,15 +149,22 @@ def _with_logprobs(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> SamplerOu
     if k > 0:
         top = logprobs.topk(k, dim=-1)
         columns += [top.indices, top.values]
-    host = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
-    ids = [int(row[0]) for row in host]
-    return SamplerOutput(ids, SampledLogprobs(
-        [row[1] for row in host], [int(row[2]) for row in host],
-        [[int(i) for i in row[3:3 + k]] for row in host], [row[3 + k:] for row in host]))
+    return torch.cat([c.double() for c in columns], dim=1)
 
 
-def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:
-    """logits: [S, vocab] float32 -> one token per row (and logprobs if asked)."""
+def read_result_table(table: torch.Tensor, k: int) -> SamplerOutput:
+    """A host copy of _result_table's tensor -> the sampler's output."""
+    if k < 0:
+        return SamplerOutput(table.tolist(), None)
+    rows = table.tolist()
+    return SamplerOutput([int(row[0]) for row in rows], SampledLogprobs(
+        [row[1] for row in rows], [int(row[2]) for row in rows],
+        [[int(i) for i in row[3:3 + k]] for row in rows], [row[3 + k:] for row in rows]))
+
+
+def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> torch.Tensor:
+    """logits: [S, vocab] float32 -> the result table (see _result_table), on the logits'
+    device, without waiting for it."""
     raw = logits
     if meta.bias is not None:
         rows, ids, values = meta.bias
@@ -172,6 +182,10 @@ def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generato
             probs = probs.masked_fill(probs < floor, 0.0)
         drawn = (probs / _exponential_noise(probs, meta.generators, default)).argmax(dim=-1)
         chosen = torch.where(meta.greedy, chosen, drawn)
-    if meta.max_num_logprobs >= 0:
-        return _with_logprobs(raw, chosen, meta.max_num_logprobs)
-    return SamplerOutput(chosen.tolist(), None)  # the step's one device-to-host copy
+    return _result_table(raw, chosen, meta.max_num_logprobs)
+
+
+def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:
+    """logits: [S, vocab] float32 -> one token per row (and logprobs if asked)."""
+    table = sample_on_device(logits, meta, default)
+    return read_result_table(table.cpu(), meta.max_num_logprobs)  # the step's one host copy

@@ -114,3 +114,35 @@ def test_seeded_sampling_is_reproducible_on_the_gpu():
     assert first == again  # a seeded request's tokens do not depend on the rest of the batch
     unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
     assert all(len(o.outputs[0].token_ids) == 16 for o in llm.generate(PROMPTS, unseeded))
+
+
+def test_async_engine_awaits_the_stream_and_matches_the_offline_engine():
+    """The server's path on CUDA: steps queued on a stream, awaited through the eventfd the
+    stream writes (no thread blocked on the device), results equal to the offline engine's."""
+    import asyncio
+
+    from pyserve.engine.async_engine import AsyncEngine
+
+    llm = LLM(tiny_model_dir(), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8,
+              kv_cache_memory="64MiB")
+    assert llm.engine.launches_async
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+    prompts = [llm.get_tokenizer().encode(p) for p in PROMPTS]
+    offline = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    expected = [(o.outputs[0].token_ids, [sorted(lp) for lp in o.outputs[0].logprobs]) for o in offline]
+
+    async def main():
+        engine = AsyncEngine(llm.engine)
+
+        async def one(i, ids):
+            final = None
+            async for out in engine.generate(ids, params, f"async-{i}"):
+                final = out
+            return final.outputs[0].token_ids, [sorted(lp) for lp in final.outputs[0].logprobs]
+
+        try:
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(main()) == expected
