@@ -196,6 +196,10 @@ class FastTokenizer:
                 self._transformers = load_transformers_tokenizer(Path(self.name_or_path))
             return self._transformers
 
+    def __call__(self, *args, **kwargs):
+        # dunder lookups skip __getattr__: calling the tokenizer is transformers' business
+        return self.transformers_tokenizer()(*args, **kwargs)
+
     def __getattr__(self, name: str):
         # only reached for what FastTokenizer does not define itself
         if name.startswith("__") or name in ("_transformers", "_transformers_lock", "_tokenizer"):

@@ -92,6 +92,7 @@ def test_tools_are_handed_to_transformers(pair):
             == theirs.apply_chat_template(CONVERSATIONS[0], tools=tools, chat_template=template,
                                           tokenize=False) == "f|hi")
     assert ours.batch_decode([[1, 2]]) == theirs.batch_decode([[1, 2]])  # any other method
+    assert ours("Hello world")["input_ids"] == theirs("Hello world")["input_ids"]  # and calling it
 
 
 @pytest.mark.parametrize("template", ["{{ ''.__class__.__mro__ }}", "{{ messages.__class__.__base__ }}",
