@@ -1,7 +1,8 @@
 """The CPU linear layers of SmolLM2-135M's 30 decoder layers (qkv, o, gate/up and down
 projections) at a range of row counts: BLAS (torch's F.linear) on float32 weights against our
-packed kernel (csrc/cpu/linear.cpp) on float32, bfloat16 and GGUF Q4_1 weights, and BLAS on
-the packed weight widened back (what apply_linear does above PACKED_MAX_ROWS).
+packed kernel (csrc/cpu/linear.cpp) on float32, bfloat16 and GGUF Q4_1 weights, Q4_1 with
+int8 activations (--gguf-activations int8, where the CPU has AVX-512 VNNI), and BLAS on the
+packed weight widened back (what apply_linear does above PACKED_MAX_ROWS).
 
     python -m benchmarks.linear [--rows 1,4,16,64,256,512] [--repeats 5]
 
@@ -48,6 +49,8 @@ def main() -> None:
         "packed Q4_1": [[_native.pack_gguf_weight(_q4_1_blocks(n, k, rng), k, "Q4_1") for n, k in SHAPES]
                         for _ in range(LAYERS)],
     }
+    if _native.int8_dot_supported():
+        variants["Q4_1 int8 activations"] = [[w.view(torch.int8) for w in ws] for ws in variants["packed Q4_1"]]
     variants["BLAS on widened Q4_1"] = variants["packed Q4_1"]
     macs = sum(n * k for n, k in SHAPES) * LAYERS
     print(f"{'rows':>5} " + " ".join(f"{name:>22}" for name in variants))

@@ -141,7 +141,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_linear_weight", &pyserve::cpu::pack_linear_weight, py::arg("weight"),
         py::call_guard<py::gil_scoped_release>());
   m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),
-        py::arg("type"), py::call_guard<py::gil_scoped_release>());
+        py::arg("type"), py::arg("int8_activations") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("int8_dot_supported", &pyserve::cpu::int8_dot_supported);
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
   py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")

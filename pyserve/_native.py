@@ -23,6 +23,7 @@ packed_linear = _C.packed_linear
 unpack_linear_weight = _C.unpack_linear_weight
 pack_gguf_weight = _C.pack_gguf_weight
 packed_rows = _C.packed_rows
+int8_dot_supported = _C.int8_dot_supported
 LlamaLayer = _C.LlamaLayer
 rms_norm = _C.rms_norm
 fused_add_rms_norm = _C.fused_add_rms_norm

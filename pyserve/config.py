@@ -13,6 +13,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+GGUF_ACTIVATIONS = ("float32", "int8")
 
 
 def default_download_dir() -> str:
@@ -30,6 +31,9 @@ class ModelConfig:
     load_format: str = "auto"
     max_logprobs: int = 20
     download_dir: str = field(default_factory=default_download_dir)
+    # GGUF Q4_1 weights on the CPU: float32 activations (bitwise the float32 model's output) or
+    # int8 ones with integer dot products, as llama.cpp computes them (faster, not bitwise)
+    gguf_activations: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,8 @@ def validate(config: Config) -> None:
     m, c, s = config.model, config.cache, config.scheduler
     need(m.dtype in DTYPES, "--dtype", f"must be one of {', '.join(DTYPES)}")
     need(m.load_format in LOAD_FORMATS, "--load-format", f"must be one of {', '.join(LOAD_FORMATS)}")
+    need(m.gguf_activations in GGUF_ACTIVATIONS, "--gguf-activations",
+         f"must be one of {', '.join(GGUF_ACTIVATIONS)}")
     need(config.device.device in DEVICES, "--device", f"must be one of {', '.join(DEVICES)}")
     need(s.scheduling_policy in SCHEDULING_POLICIES, "--scheduling-policy",
          f"must be one of {', '.join(SCHEDULING_POLICIES)}")

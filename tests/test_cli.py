@@ -25,9 +25,11 @@ def test_flags_reach_their_sections(tmp_path):
         "--block-size", "32", "--kv-cache-memory", "2GiB", "--max-num-seqs", "8",
         "--max-num-batched-tokens", "512", "--no-enable-prefix-caching", "--device", "cpu",
         "-tp", "2", "--port", "9001", "--api-key", "k", "--served-model-name", "m",
-        "--load-format", "dummy", "--seed", "7", "--scheduling-policy", "priority"], environ={})
+        "--load-format", "dummy", "--seed", "7", "--scheduling-policy", "priority",
+        "--gguf-activations", "int8"], environ={})
     assert config.model.model == str(tmp_path) and config.model.dtype == "bfloat16"
     assert config.model.max_model_len == 1024 and config.model.seed == 7
+    assert config.model.gguf_activations == "int8"
     assert config.cache.block_size == 32 and config.cache.kv_cache_memory == 2 * 1024**3
     assert not config.cache.enable_prefix_caching
     assert config.scheduler.max_num_seqs == 8 and config.scheduler.scheduling_policy == "priority"
@@ -53,6 +55,7 @@ def test_environment_gives_defaults_and_the_command_line_wins():
     (["--model", "/does/not/exist"], {}, "--model"),
     ([], {"PYSERVE_MAX_NUM_SEQS": "many"}, "--max-num-seqs"),
     (["--cuda-graph-sizes", "8", "0"], {}, "--cuda-graph-sizes"),
+    (["--gguf-activations", "int4"], {}, "--gguf-activations"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, env, flag, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -13,8 +13,11 @@
 // Panel layouts, in groups of 32 k (GGUF's blocks run along k, so each of its blocks becomes
 // one column of one group, with its own scale):
 //   float32 / bfloat16: [K][32] elements;
-//   Q4_1: per group d[32] and m[32] (float16), then 32 rows of 16 bytes, byte j holding
-//         column j's 4-bit q in its low nibble and column j + 16's in its high; w = d·q + m;
+//   Q4_1: per group d[32] and m[32] (float16), then two halves of 16 columns, each 4 blocks
+//         of 64 bytes: in block j, bytes 4c .. 4c + 3 hold column c's q at k = 4j .. 4j + 3
+//         in their low nibbles and at k = 16 + 4j .. 16 + 4j + 3 in their high; w = d·q + m.
+//         That is the operand order of AVX-512 VNNI's byte dot product (vpdpbusd), so the
+//         int8 path below reads the nibbles with two masks and no shuffles;
 //   Q8_0: per group d[32] (float16), then 32 rows of 32 int8; w = d·q.
 // Dequantized weights are computed exactly as the gguf package computes them (a product, then
 // a sum, each rounded to float32; this file is compiled with -ffp-contract=off), so a Q4_1
@@ -59,10 +62,14 @@ struct Q4_1Format {
   static constexpr int64_t kBlockBytes = 20;  // GGUF: d, m (float16), 16 bytes of nibbles
   static constexpr int64_t kGroupBytes = 64 + 64 + kGroup * 16;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
+  // the byte holding the q of (k, column c) within a group, and its nibble's shift
+  static int64_t byte_of(int64_t k, int64_t c) {
+    return 128 + (c / 16) * 256 + ((k % 16) / 4) * 64 + (c % 16) * 4 + k % 4;
+  }
+  static int shift_of(int64_t k) { return k % kGroup < 16 ? 0 : 4; }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
     const uint8_t* g = panel + k / kGroup * kGroupBytes;
-    const uint8_t byte = g[128 + (k % kGroup) * 16 + c % 16];
-    const float q = static_cast<float>(c < 16 ? byte & 15 : byte >> 4);
+    const float q = static_cast<float>((g[byte_of(k % kGroup, c)] >> shift_of(k)) & 15);
     return half_at(g + 2 * c) * q + half_at(g + 64 + 2 * c);
   }
   // GGUF block of one output row -> its column c of a group
@@ -71,8 +78,8 @@ struct Q4_1Format {
     std::memcpy(g + 64 + 2 * c, block + 2, 2);
     for (int64_t j = 0; j < kGroup; ++j) {
       const uint8_t q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
-      uint8_t& dst = g[128 + j * 16 + c % 16];
-      dst = c < 16 ? (dst & 0xF0) | q : (dst & 0x0F) | (q << 4);
+      uint8_t& dst = g[byte_of(j, c)];
+      dst = shift_of(j) == 0 ? (dst & 0xF0) | q : (dst & 0x0F) | (q << 4);
     }
   }
 };
@@ -127,21 +134,20 @@ struct GroupReader<Q4_1Format> {
     }
   }
   void row(int64_t kk, vec* w) const {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + kk * 16));
+    const uint8_t* block = q + (kk % 16) / 4 * 64;
+    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(8 * (kk % 4) + Q4_1Format::shift_of(kk)));
 #if PYSERVE_VEC == 16
-    const __m512i bytes = _mm512_cvtepu8_epi32(raw);
-    const __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
-    const __m512i hi = _mm512_srli_epi32(bytes, 4);
-    w[0] = add(mul(d[0], _mm512_cvtepi32_ps(lo)), m[0]);
-    w[1] = add(mul(d[1], _mm512_cvtepi32_ps(hi)), m[1]);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i raw = _mm512_loadu_si512(block + h * 256);
+      const __m512i ints = _mm512_and_si512(_mm512_srl_epi32(raw, shift), _mm512_set1_epi32(15));
+      w[h] = add(mul(d[h], _mm512_cvtepi32_ps(ints)), m[h]);
+    }
 #else
-    const __m256i first = _mm256_cvtepu8_epi32(raw);  // bytes 0-7: columns 0-7 and 16-23
-    const __m256i second = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));  // 8-15 and 24-31
-    const __m256i mask = _mm256_set1_epi32(15);
-    w[0] = add(mul(d[0], _mm256_cvtepi32_ps(_mm256_and_si256(first, mask))), m[0]);
-    w[1] = add(mul(d[1], _mm256_cvtepi32_ps(_mm256_and_si256(second, mask))), m[1]);
-    w[2] = add(mul(d[2], _mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4))), m[2]);
-    w[3] = add(mul(d[3], _mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4))), m[3]);
+    for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, lanes 8 (v % 2) ..
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (v / 2) * 256 + (v % 2) * 32));
+      const __m256i ints = _mm256_and_si256(_mm256_srl_epi32(raw, shift), _mm256_set1_epi32(15));
+      w[v] = add(mul(d[v], _mm256_cvtepi32_ps(ints)), m[v]);
+    }
 #endif
   }
 };
@@ -241,6 +247,131 @@ void tile_plain(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
 }
 #endif
 
+#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16 && defined(__AVX512VNNI__)
+#define PYSERVE_INT8_DOT 1
+// Q4_1 weights against int8 activations, as llama.cpp computes them: each row of x is
+// quantized per block of 32 k to int8 with its own scale (sx = max |x| / 127), the block's
+// q·qx products are summed exactly in int32 by vpdpbusd (64 byte products an instruction,
+// four times float32 FMA's 16), and each block then adds d·sx·Σ q·qx + m·Σ x. Σ x is the
+// block's exact float sum, so only the rounding of x to 8 bits differs from float32.
+constexpr int kInt8Rows = 6;  // 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
+
+// x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale_sum) {
+  const int64_t groups = K / kGroup;
+  at::parallel_for(0, M, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* src = x + r * K + g * kGroup;
+        const __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+        // round to nearest even, the MXCSR default, as torch.round
+        const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+        const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * K + g * kGroup), _mm512_cvtsepi32_epi8(qa));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * K + g * kGroup + 16), _mm512_cvtsepi32_epi8(qb));
+        scale_sum[(r * groups + g) * 2] = amax / 127.f;
+        scale_sum[(r * groups + g) * 2 + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+      }
+  });
+}
+
+// out[MR, 32] from MR quantized rows and one Q4_1 panel
+template <int MR>
+inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
+                         float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = Q4_1Format::kGroupBytes, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m512i nibble = _mm512_set1_epi8(15);
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* group = panel + g * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * kBytes + line), _MM_HINT_T0);
+    __m512i dot[MR][2];
+    for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      __m512i w[2][2];  // [half][k 4j.. or 16 + 4j..]
+      for (int h = 0; h < 2; ++h) {
+        const __m512i raw = _mm512_loadu_si512(group + 128 + h * 256 + j * 64);
+        w[h][0] = _mm512_and_si512(raw, nibble);
+        w[h][1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xq = q + m * K + g * kGroup;
+        int32_t lo, hi;
+        std::memcpy(&lo, xq + 4 * j, 4);
+        std::memcpy(&hi, xq + 16 + 4 * j, 4);
+        const __m512i xl = _mm512_set1_epi32(lo), xh = _mm512_set1_epi32(hi);
+        for (int h = 0; h < 2; ++h) {
+          dot[m][h] = _mm512_dpbusd_epi32(dot[m][h], w[h][0], xl);
+          dot[m][h] = _mm512_dpbusd_epi32(dot[m][h], w[h][1], xh);
+        }
+      }
+    }
+    __m512 d[2], mins[2];
+    for (int h = 0; h < 2; ++h) {
+      d[h] = load(reinterpret_cast<const c10::Half*>(group) + h * 16);
+      mins[h] = load(reinterpret_cast<const c10::Half*>(group + 64) + h * 16);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
+      const __m512 sum = _mm512_set1_ps(scale_sum[(m * groups + g) * 2 + 1]);
+      for (int h = 0; h < 2; ++h) {
+        acc[m][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][h]), _mm512_mul_ps(d[h], sx), acc[m][h]);
+        acc[m][h] = _mm512_fmadd_ps(mins[h], sum, acc[m][h]);
+      }
+    }
+  }
+  alignas(64) float row[kPanel];
+  for (int m = 0; m < MR; ++m) {
+    _mm512_storeu_ps(row, acc[m][0]);
+    _mm512_storeu_ps(row + 16, acc[m][1]);
+    float* o = out + m * ldo;
+    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
+}
+
+template <int... R>
+inline void tile_q4_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
+                              const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
+                              int64_t ldo, int64_t cols, const float* bias) {
+  ((rows == R + 1 ? tile_q4_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+}
+
+void q4_int8_linear(const float* x, const uint8_t* packed, const float* bias, float* out, int64_t M,
+                    int64_t N, int64_t K) {
+  const int64_t groups = K / kGroup, panels = (N + kPanel - 1) / kPanel;
+  const int64_t panel_bytes = Q4_1Format::panel_bytes(K);
+  // the caller's thread only (at::parallel_for below runs tiles, not this)
+  thread_local std::vector<int8_t> q_buffer;
+  thread_local std::vector<float> scale_sum_buffer;
+  q_buffer.resize(M * K);
+  scale_sum_buffer.resize(M * groups * 2);
+  // pointers, not the thread_local names, go into the parallel region: a worker thread
+  // naming them would get its own, empty, buffers
+  int8_t* const q = q_buffer.data();
+  float* const scale_sum = scale_sum_buffer.data();
+  quantize_rows(x, M, K, q, scale_sum);
+  // rows in chunks whose int8 x stays in a core's L2 while every panel passes over it
+  const int64_t chunk = std::max<int64_t>(kInt8Rows, (512 * 1024 / K) / kInt8Rows * kInt8Rows);
+  for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+    const int64_t m1 = std::min(M, m0 + chunk);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * kPanel;
+        for (int64_t m = m0; m < m1; m += kInt8Rows)
+          tile_q4_int8_rows(static_cast<int>(std::min<int64_t>(kInt8Rows, m1 - m)),
+                            std::make_integer_sequence<int, kInt8Rows>{}, q + m * K,
+                            scale_sum + m * groups * 2, K, packed + p * panel_bytes,
+                            out + m * N + n0, N, std::min(kPanel, N - n0), bias ? bias + n0 : nullptr);
+      }
+    });
+  }
+}
+#endif
+
 template <typename Format>
 void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias, float* out,
                         int64_t M, int64_t N, int64_t K) {
@@ -284,7 +415,10 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   }
 }
 
-enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0 };
+// kQ4_1Int8: Q4_1 panels stored as int8 (the bytes are the same), which marks a layer whose
+// activations are quantized to int8 for integer dot products (pack_gguf_weight's
+// int8_activations)
+enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0, kQ4_1Int8 };
 
 Kind kind_of(const at::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(),
@@ -296,6 +430,9 @@ Kind kind_of(const at::Tensor& packed) {
       if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1;
       if (packed.size(2) == Q8_0Format::kGroupBytes) return Kind::kQ8_0;
       break;
+    case at::kChar:
+      if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1Int8;
+      break;
     default: break;
   }
   TORCH_CHECK(false, "not a packed weight: ", packed.scalar_type(), " ", packed.sizes());
@@ -303,7 +440,8 @@ Kind kind_of(const at::Tensor& packed) {
 }
 
 int64_t packed_k(const at::Tensor& packed) {
-  return packed.scalar_type() == at::kByte ? packed.size(1) * kGroup : packed.size(1);
+  const bool blocks = packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar;
+  return blocks ? packed.size(1) * kGroup : packed.size(1);
 }
 
 // Calls fn.template operator()<Format>() for the packed weight's format.
@@ -312,7 +450,8 @@ void with_format(Kind kind, Fn&& fn) {
   switch (kind) {
     case Kind::kFloat32: fn.template operator()<FloatFormat<float>>(); break;
     case Kind::kBFloat16: fn.template operator()<FloatFormat<c10::BFloat16>>(); break;
-    case Kind::kQ4_1: fn.template operator()<Q4_1Format>(); break;
+    case Kind::kQ4_1:
+    case Kind::kQ4_1Int8: fn.template operator()<Q4_1Format>(); break;
     case Kind::kQ8_0: fn.template operator()<Q8_0Format>(); break;
   }
 }
@@ -352,7 +491,16 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type) {
+bool int8_dot_supported() {
+#ifdef PYSERVE_INT8_DOT
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type,
+                            bool int8_activations) {
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.device().is_cpu(),
               "pack_gguf_weight: uint8 blocks [N, bytes per row] expected");
   TORCH_CHECK(K > 0 && K % kGroup == 0, "pack_gguf_weight: K must be a multiple of 32, got ", K);
@@ -375,6 +523,7 @@ at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::stri
   };
   if (type == "Q4_1") {
     pack.template operator()<Q4_1Format>();
+    if (int8_activations) packed = packed.view(at::kChar);
   } else {
     TORCH_CHECK(type == "Q8_0", "pack_gguf_weight: type must be Q4_1 or Q8_0, got ", type);
     pack.template operator()<Q8_0Format>();
@@ -444,6 +593,13 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
     b = bias->data_ptr<float>();
   }
   if (M == 0 || N == 0) return;
+#ifdef PYSERVE_INT8_DOT
+  if (kind == Kind::kQ4_1Int8) {
+    q4_int8_linear(x.data_ptr<float>(), static_cast<const uint8_t*>(packed.data_ptr()), b,
+                   out.data_ptr<float>(), M, N, K);
+    return;
+  }
+#endif
   with_format(kind, [&]<typename Format>() {
     packed_linear_impl<Format>(x.data_ptr<float>(), static_cast<const uint8_t*>(packed.data_ptr()), b,
                                out.data_ptr<float>(), M, N, K);

@@ -64,6 +64,16 @@ def resolve_max_model_len(requested: int | None, arch) -> int:
     return length
 
 
+def _int8_activations(requested: str) -> bool:
+    if requested != "int8":
+        return False
+    if not _native.int8_dot_supported():
+        logger.warning("--gguf-activations int8 needs a CPU with AVX-512 VNNI (and an extension "
+                       "built on one); using float32 activations")
+        return False
+    return True
+
+
 def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
     name = lambda d: str(d).removeprefix("torch.")
     if weight_dtype == dtype:
@@ -104,14 +114,16 @@ class EngineCore:
         graph_sizes = ()
         if self.device.type == "cuda" and not config.device.enforce_eager:
             graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
+        gguf_kept = source.gguf_path is not None and self.device.type == "cpu" and self.dtype == torch.float32
+        int8_activations = gguf_kept and _int8_activations(config.model.gguf_activations)
         spec = ShardSpec(arch, source.path, config.model.load_format, self.dtype, self.device.type,
                          self.max_model_len, config.model.seed, block_size, num_blocks, tp,
                          self.weight_dtype, source.gguf_path, config.cache.gpu_memory_utilization,
-                         sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes)
+                         sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8_activations)
         self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
         num_blocks = self.executor.runner.num_blocks
-        gguf_kept = source.gguf_path is not None and self.device.type == "cpu" and self.dtype == torch.float32
-        weights = (f"GGUF weights from {source.gguf_path.name}, float32 activations" if gguf_kept
+        activations = "int8 activations on Q4_1" if int8_activations else "float32 activations"
+        weights = (f"GGUF weights from {source.gguf_path.name}, {activations}" if gguf_kept
                    else _dtype_name(self.dtype, self.weight_dtype))
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
                     arch.architecture, source.path, weights,

@@ -40,6 +40,7 @@ class ShardSpec:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     cuda_graph_sizes: tuple[int, ...] = ()  # empty: eager only
+    int8_activations: bool = False  # GGUF Q4_1 layers quantize their input (--gguf-activations)
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:
@@ -66,7 +67,8 @@ def rank_device(spec: ShardSpec, rank: int) -> torch.device:
 def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
-                       spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path)
+                       spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
+                       spec.int8_activations)
     kv_heads = kv_heads_per_rank(spec.arch.num_kv_heads, tp.size)
     num_blocks = spec.num_blocks
     if num_blocks is None:

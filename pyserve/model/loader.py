@@ -49,7 +49,7 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
                 module.weight.data = module.weight.data.to(weight_dtype)
 
 
-def pack_weights(model: torch.nn.Module) -> None:
+def pack_weights(model: torch.nn.Module, int8_activations: bool = False) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
     in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
     layers that can run as one native call are set up to."""
@@ -60,7 +60,7 @@ def pack_weights(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             if module.gguf is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
-                pack_for_cpu(module)
+                pack_for_cpu(module, int8_activations)
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native(PACKED_MAX_ROWS)
@@ -115,9 +115,10 @@ def _fill_random(model: torch.nn.Module, seed: int) -> None:
 def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype,
                device: torch.device, max_positions: int, seed: int,
                tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
-               gguf_path: Path | None = None) -> torch.nn.Module:
+               gguf_path: Path | None = None, int8_activations: bool = False) -> torch.nn.Module:
     """gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
-    Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory."""
+    Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
+    int8_activations: its Q4_1 layers quantize their input to int8 for integer dot products."""
     quantized = {}
     if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
         from pyserve.model.gguf import gguf_blocks
@@ -127,7 +128,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        pack_weights(model)
+        pack_weights(model, int8_activations)
     return model
 
 

@@ -19,13 +19,15 @@ from pyserve.model.layers.quantized import source_tensor, weight_destination
 PACKED_MAX_ROWS = 256
 
 
-def pack_for_cpu(layer: nn.Module) -> None:
+def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
-    lookup read. The unpacked copy is freed."""
+    lookup read. The unpacked copy is freed. int8_activations: a Q4_1 layer then quantizes its
+    input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h)."""
     weight, gguf = layer.weight.data, layer.gguf
     if gguf is not None:
-        layer.packed = _native.pack_gguf_weight(gguf.blocks, gguf.shape[1], gguf.type)
+        layer.packed = _native.pack_gguf_weight(gguf.blocks, gguf.shape[1], gguf.type,
+                                                int8_activations=int8_activations)
         layer.gguf = None
     else:
         layer.packed = _native.pack_linear_weight(weight)
@@ -39,7 +41,9 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     packed = layer.packed
     if packed is None:
         return F.linear(x, layer.weight.to(x.dtype), bias)
-    if x.shape[0] <= PACKED_MAX_ROWS:
+    # an int8-activation weight (int8 dtype, see pack_for_cpu) runs every row count: its
+    # integer GEMM outruns BLAS on the widened weight
+    if x.shape[0] <= PACKED_MAX_ROWS or packed.dtype == torch.int8:
         out = x.new_empty(x.shape[0], layer.out_features)
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
