@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("scheduler")
     g.add_argument("--max-num-seqs", type=_positive_int, default=256,
                    help="most sequences in one step")
-    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=2048,
-                   help="most tokens in one step (prefill chunks plus decodes)")
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                   help="most tokens in one step (prefill chunks plus decodes); default 512 on "
+                   "the CPU (first tokens sooner at the same throughput), 2048 on CUDA")
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine summary log lines while busy (0: off)")

@@ -14,7 +14,7 @@ def test_defaults_and_sections():
     assert isinstance(config, Config)
     assert config.model.model is None and config.model.dtype == "auto"
     assert config.cache.block_size == 16 and config.cache.enable_prefix_caching
-    assert config.scheduler.max_num_batched_tokens == 2048 and config.scheduler.max_num_seqs == 256
+    assert config.scheduler.max_num_batched_tokens is None and config.scheduler.max_num_seqs == 256
     assert config.parallel.tensor_parallel_size == 1
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
 

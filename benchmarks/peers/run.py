@@ -34,7 +34,8 @@ from benchmarks.peers.servers import (DEFAULT_LLAMA_THREADS, PEERS_DIR, REPO, Ru
 from benchmarks.peers.workloads import WORKLOADS, Workload
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache/pyserve/models/SmolLM2-135M-Instruct"
-DEFAULT_SERVERS = "pyserve,pyserve-bf16,pyserve-q4,pyserve-noprefix,vllm,llamacpp-q4,llamacpp-f32"
+DEFAULT_SERVERS = ("pyserve,pyserve-bf16,pyserve-q4,pyserve-q4-int8,pyserve-noprefix,vllm,llamacpp-q4,"
+                   "llamacpp-f32")
 BASELINE = "pyserve"
 # the scalars kept per run; the medians over repeats are taken of each
 KEPT = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens",

@@ -77,6 +77,11 @@ def server_specs(model_dir: Path,
                    "what the float32 row computes",
                    lambda port: pyserve_q4 + ["--port", str(port)],
                    needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint),
+        ServerSpec("pyserve-q4-int8", "pyserve-q4 with --gguf-activations int8: Q4_1 layers "
+                   "quantize their inputs to int8 for integer dot products, as llama.cpp does "
+                   "(not bitwise; benchmarks/int8_accuracy.py measures how close)",
+                   lambda port: pyserve_q4 + ["--port", str(port), "--gguf-activations", "int8"],
+                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint),
         ServerSpec("pyserve-noprefix", "pyserve, float32, --no-enable-prefix-caching (W4 only)",
                    lambda port: pyserve + ["--port", str(port), "--no-enable-prefix-caching"],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)",

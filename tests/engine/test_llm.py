@@ -156,3 +156,12 @@ def test_profile_run_borrows_and_returns_blocks(llm):
     assert engine.profile_run() > 0
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     assert not engine.has_unfinished()
+
+
+def test_step_budget_defaults_per_device(llm, model_dir):
+    """--max-num-batched-tokens unset: 512 tokens a step on the CPU (engine/core.py says why),
+    and what the scheduler uses is the resolved value; a given value is kept."""
+    assert llm.engine.config.scheduler.max_num_batched_tokens == 512
+    assert llm.engine.scheduler.config.max_num_batched_tokens == 512
+    given = LLM(str(model_dir), kv_cache_memory="16MiB", max_model_len=256, max_num_batched_tokens=40)
+    assert given.engine.scheduler.config.max_num_batched_tokens == 40
