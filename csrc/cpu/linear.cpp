@@ -18,7 +18,9 @@
 //         in their low nibbles and at k = 16 + 4j .. 16 + 4j + 3 in their high; w = d·q + m.
 //         That is the operand order of AVX-512 VNNI's byte dot product (vpdpbusd), so the
 //         int8 path below reads the nibbles with two masks and no shuffles;
-//   Q8_0: per group d[32] (float16), then 32 rows of 32 int8; w = d·q.
+//   Q8_0: per group d[32] (float16), then two halves of 16 columns, each 8 blocks of 64
+//         bytes: in block j, bytes 4c .. 4c + 3 hold column c's q (int8) at k = 4j .. 4j + 3,
+//         again vpdpbusd's order; w = d·q.
 // Dequantized weights are computed exactly as the gguf package computes them (a product, then
 // a sum, each rounded to float32; this file is compiled with -ffp-contract=off), so a Q4_1
 // layer gives bitwise the results of the float32 layer holding its dequantized weights.
@@ -29,6 +31,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,14 +92,17 @@ struct Q8_0Format {
   static constexpr int64_t kBlockBytes = 34;  // GGUF: d (float16), 32 int8
   static constexpr int64_t kGroupBytes = 64 + kGroup * 32;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
+  static int64_t byte_of(int64_t k, int64_t c) {
+    return 64 + (c / 16) * 512 + (k / 4) * 64 + (c % 16) * 4 + k % 4;
+  }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
     const uint8_t* g = panel + k / kGroup * kGroupBytes;
-    const int8_t q = static_cast<int8_t>(g[64 + (k % kGroup) * 32 + c]);
+    const int8_t q = static_cast<int8_t>(g[byte_of(k % kGroup, c)]);
     return half_at(g + 2 * c) * static_cast<float>(q);
   }
   static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
     std::memcpy(g + 2 * c, block, 2);
-    for (int64_t j = 0; j < kGroup; ++j) g[64 + j * 32 + c] = block[2 + j];
+    for (int64_t j = 0; j < kGroup; ++j) g[byte_of(j, c)] = block[2 + j];
   }
 };
 
@@ -155,21 +161,26 @@ struct GroupReader<Q4_1Format> {
 template <>
 struct GroupReader<Q8_0Format> {
   vec d[kVecs];
-  const int8_t* q;
-  GroupReader(const uint8_t* group) : q(reinterpret_cast<const int8_t*>(group + 64)) {
+  const uint8_t* q;
+  GroupReader(const uint8_t* group) : q(group + 64) {
     for (int v = 0; v < kVecs; ++v) d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
   }
   void row(int64_t kk, vec* w) const {
-    for (int v = 0; v < kVecs; ++v) {
-      const int8_t* src = q + kk * kPanel + v * kLanes;
+    // byte kk % 4 of each 32-bit lane, sign-extended: up to the top, then arithmetic shift down
+    const __m128i up = _mm_cvtsi32_si128(static_cast<int>(24 - 8 * (kk % 4)));
+    const __m128i down = _mm_cvtsi32_si128(24);
+    const uint8_t* block = q + kk / 4 * 64;
 #if PYSERVE_VEC == 16
-      const __m512i ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-      w[v] = mul(d[v], _mm512_cvtepi32_ps(ints));
-#else
-      const __m256i ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-      w[v] = mul(d[v], _mm256_cvtepi32_ps(ints));
-#endif
+    for (int h = 0; h < 2; ++h) {
+      const __m512i raw = _mm512_loadu_si512(block + h * 512);
+      w[h] = mul(d[h], _mm512_cvtepi32_ps(_mm512_sra_epi32(_mm512_sll_epi32(raw, up), down)));
     }
+#else
+    for (int v = 0; v < kVecs; ++v) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (v / 2) * 512 + (v % 2) * 32));
+      w[v] = mul(d[v], _mm256_cvtepi32_ps(_mm256_sra_epi32(_mm256_sll_epi32(raw, up), down)));
+    }
+#endif
   }
 };
 
@@ -249,11 +260,12 @@ void tile_plain(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
 
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16 && defined(__AVX512VNNI__)
 #define PYSERVE_INT8_DOT 1
-// Q4_1 weights against int8 activations, as llama.cpp computes them: each row of x is
-// quantized per block of 32 k to int8 with its own scale (sx = max |x| / 127), the block's
-// q·qx products are summed exactly in int32 by vpdpbusd (64 byte products an instruction,
-// four times float32 FMA's 16), and each block then adds d·sx·Σ q·qx + m·Σ x. Σ x is the
-// block's exact float sum, so only the rounding of x to 8 bits differs from float32.
+// Q4_1 and Q8_0 weights against int8 activations, as llama.cpp computes them: each row of x
+// is quantized per block of 32 k to int8 with its own scale (sx = max |x| / 127), the
+// block's q·qx products are summed exactly in int32 by vpdpbusd (64 byte products an
+// instruction, four times float32 FMA's 16), and each block then adds d·sx·Σ q·qx (+ m·Σ x
+// for Q4_1). Σ x is the block's exact float sum, so only the rounding of x to 8 bits differs
+// from float32.
 constexpr int kInt8Rows = 6;  // 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
 
 // x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
@@ -333,17 +345,73 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
   }
 }
 
-template <int... R>
-inline void tile_q4_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
-                              const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
-                              int64_t ldo, int64_t cols, const float* bias) {
-  ((rows == R + 1 ? tile_q4_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+// out[MR, 32] from MR quantized rows and one Q8_0 panel. vpdpbusd multiplies unsigned by
+// signed bytes and both x and the weights are signed here, so x goes in offset by 128
+// (x + 128, flipping its top bit) and 128 · Σ w comes off again, Σ w from one more vpdpbusd
+// against ones per weight vector.
+template <int MR>
+inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
+                         float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = Q8_0Format::kGroupBytes, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* group = panel + g * kBytes;
+    for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * kBytes + line), _MM_HINT_T0);
+    __m512i dot[MR][2], wsum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[2];
+      for (int h = 0; h < 2; ++h) {
+        w[h] = _mm512_loadu_si512(group + 64 + h * 512 + j * 64);
+        wsum[h] = _mm512_dpbusd_epi32(wsum[h], ones, w[h]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        int32_t four;
+        std::memcpy(&four, q + m * K + g * kGroup + 4 * j, 4);
+        const __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(four), flip);
+        for (int h = 0; h < 2; ++h) dot[m][h] = _mm512_dpbusd_epi32(dot[m][h], xu, w[h]);
+      }
+    }
+    __m512 d[2];
+    for (int h = 0; h < 2; ++h) {
+      d[h] = load(reinterpret_cast<const c10::Half*>(group) + h * 16);
+      wsum[h] = _mm512_slli_epi32(wsum[h], 7);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
+      for (int h = 0; h < 2; ++h) {
+        const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][h], wsum[h]));
+        acc[m][h] = _mm512_fmadd_ps(exact, _mm512_mul_ps(d[h], sx), acc[m][h]);
+      }
+    }
+  }
+  alignas(64) float row[kPanel];
+  for (int m = 0; m < MR; ++m) {
+    _mm512_storeu_ps(row, acc[m][0]);
+    _mm512_storeu_ps(row + 16, acc[m][1]);
+    float* o = out + m * ldo;
+    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
 }
 
-void q4_int8_linear(const float* x, const uint8_t* packed, const float* bias, float* out, int64_t M,
-                    int64_t N, int64_t K) {
+template <typename Format, int... R>
+inline void tile_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
+                           const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
+                           int64_t ldo, int64_t cols, const float* bias) {
+  if constexpr (std::is_same_v<Format, Q4_1Format>)
+    ((rows == R + 1 ? tile_q4_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+  else
+    ((rows == R + 1 ? tile_q8_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+}
+
+template <typename Format>
+void int8_linear(const float* x, const uint8_t* packed, const float* bias, float* out, int64_t M,
+                 int64_t N, int64_t K) {
   const int64_t groups = K / kGroup, panels = (N + kPanel - 1) / kPanel;
-  const int64_t panel_bytes = Q4_1Format::panel_bytes(K);
+  const int64_t panel_bytes = Format::panel_bytes(K);
   // the caller's thread only (at::parallel_for below runs tiles, not this)
   thread_local std::vector<int8_t> q_buffer;
   thread_local std::vector<float> scale_sum_buffer;
@@ -362,7 +430,7 @@ void q4_int8_linear(const float* x, const uint8_t* packed, const float* bias, fl
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * kPanel;
         for (int64_t m = m0; m < m1; m += kInt8Rows)
-          tile_q4_int8_rows(static_cast<int>(std::min<int64_t>(kInt8Rows, m1 - m)),
+          tile_int8_rows<Format>(static_cast<int>(std::min<int64_t>(kInt8Rows, m1 - m)),
                             std::make_integer_sequence<int, kInt8Rows>{}, q + m * K,
                             scale_sum + m * groups * 2, K, packed + p * panel_bytes,
                             out + m * N + n0, N, std::min(kPanel, N - n0), bias ? bias + n0 : nullptr);
@@ -415,10 +483,10 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   }
 }
 
-// kQ4_1Int8: Q4_1 panels stored as int8 (the bytes are the same), which marks a layer whose
+// kQ4_1Int8, kQ8_0Int8: panels stored as int8 (the bytes are the same), which marks a layer whose
 // activations are quantized to int8 for integer dot products (pack_gguf_weight's
 // int8_activations)
-enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0, kQ4_1Int8 };
+enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0, kQ4_1Int8, kQ8_0Int8 };
 
 Kind kind_of(const at::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(),
@@ -432,6 +500,7 @@ Kind kind_of(const at::Tensor& packed) {
       break;
     case at::kChar:
       if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1Int8;
+      if (packed.size(2) == Q8_0Format::kGroupBytes) return Kind::kQ8_0Int8;
       break;
     default: break;
   }
@@ -452,7 +521,8 @@ void with_format(Kind kind, Fn&& fn) {
     case Kind::kBFloat16: fn.template operator()<FloatFormat<c10::BFloat16>>(); break;
     case Kind::kQ4_1:
     case Kind::kQ4_1Int8: fn.template operator()<Q4_1Format>(); break;
-    case Kind::kQ8_0: fn.template operator()<Q8_0Format>(); break;
+    case Kind::kQ8_0:
+    case Kind::kQ8_0Int8: fn.template operator()<Q8_0Format>(); break;
   }
 }
 
@@ -523,11 +593,11 @@ at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::stri
   };
   if (type == "Q4_1") {
     pack.template operator()<Q4_1Format>();
-    if (int8_activations) packed = packed.view(at::kChar);
   } else {
     TORCH_CHECK(type == "Q8_0", "pack_gguf_weight: type must be Q4_1 or Q8_0, got ", type);
     pack.template operator()<Q8_0Format>();
   }
+  if (int8_activations) packed = packed.view(at::kChar);
   return packed;
 }
 
@@ -594,9 +664,12 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
   }
   if (M == 0 || N == 0) return;
 #ifdef PYSERVE_INT8_DOT
-  if (kind == Kind::kQ4_1Int8) {
-    q4_int8_linear(x.data_ptr<float>(), static_cast<const uint8_t*>(packed.data_ptr()), b,
-                   out.data_ptr<float>(), M, N, K);
+  if (kind == Kind::kQ4_1Int8 || kind == Kind::kQ8_0Int8) {
+    const auto* weight = static_cast<const uint8_t*>(packed.data_ptr());
+    if (kind == Kind::kQ4_1Int8)
+      int8_linear<Q4_1Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
+    else
+      int8_linear<Q8_0Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
     return;
   }
 #endif

@@ -135,16 +135,21 @@ def test_pack_gguf_weight_refuses_what_it_cannot_do():
         _native.packed_rows(_native.pack_gguf_weight(blocks, 64, "Q4_1"), torch.tensor([32]))
 
 
-def _int8_activation_reference(x: torch.Tensor, blocks: np.ndarray, n: int, k: int, bias):
-    """The int8-activation Q4_1 product in float64 from its definition: x quantized per row and
+def _int8_activation_reference(kind: str, x: torch.Tensor, blocks: np.ndarray, n: int, k: int, bias):
+    """The int8-activation product in float64 from its definition: x quantized per row and
     block of 32 to round(x · 127 / max |x|) (float32 steps, round half to even), each block's
-    integer dot product with the weight's q exact, then d · (max |x| / 127) · Σ q·qx + m · Σ x."""
+    integer dot product with the weight's q exact, then d · (max |x| / 127) · Σ q·qx, plus
+    m · Σ x for Q4_1."""
     groups = k // 32
-    raw = blocks.reshape(n, groups, 20)
+    raw = blocks.reshape(n, groups, -1)
     d = torch.from_numpy(raw[:, :, 0:2].copy().view(np.float16).astype(np.float64)).reshape(n, groups)
-    mins = torch.from_numpy(raw[:, :, 2:4].copy().view(np.float16).astype(np.float64)).reshape(n, groups)
-    nibbles = torch.from_numpy(raw[:, :, 4:].astype(np.int64))
-    q = torch.cat([nibbles & 15, nibbles >> 4], dim=2)  # [n, groups, 32]: k 0..15, then 16..31
+    if kind == "Q4_1":
+        mins = torch.from_numpy(raw[:, :, 2:4].copy().view(np.float16).astype(np.float64)).reshape(n, groups)
+        nibbles = torch.from_numpy(raw[:, :, 4:].astype(np.int64))
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=2)  # [n, groups, 32]: k 0..15, then 16..31
+    else:
+        mins = torch.zeros(n, groups, dtype=torch.float64)
+        q = torch.from_numpy(raw[:, :, 2:].copy().view(np.int8).astype(np.int64))
     xb = x.reshape(x.shape[0], groups, 32)
     amax = xb.abs().amax(dim=2, keepdim=True)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
@@ -156,20 +161,21 @@ def _int8_activation_reference(x: torch.Tensor, blocks: np.ndarray, n: int, k: i
 
 
 @pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 16, 300, 1100])  # row tiles of 6, their tails, chunks
 @pytest.mark.parametrize("n,k", [(96, 64), (70, 576), (5, 32), (577, 1536)])
-def test_q4_1_with_int8_activations_equals_its_definition(m, n, k):
-    blocks = _random_gguf_blocks("Q4_1", n, k, seed=m + n + k)
-    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, "Q4_1", int8_activations=True)
+def test_int8_activations_equal_their_definition(kind, m, n, k):
+    blocks = _random_gguf_blocks(kind, n, k, seed=m + n + k)
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind, int8_activations=True)
     assert packed.dtype == torch.int8
-    exact = _native.pack_gguf_weight(torch.from_numpy(blocks), k, "Q4_1")
+    exact = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind)
     assert torch.equal(packed.view(torch.uint8), exact)  # the same bytes, marked
     x = torch.randn(m, k) * torch.rand(m, 1) * 4
     x[0, :32] = 0  # an all-zero block has scale 0
     bias = torch.randn(n)
     out = torch.empty(m, n)
     _native.packed_linear(out, x, packed, bias)
-    expected = _int8_activation_reference(x, blocks, n, k, bias)
+    expected = _int8_activation_reference(kind, x, blocks, n, k, bias)
     # float32 accumulation over k / 32 blocks of terms up to a few units
     torch.testing.assert_close(out, expected, atol=2e-5 * k ** 0.5, rtol=1e-5)
     # and the 8-bit rounding of x keeps it near the float32 product
