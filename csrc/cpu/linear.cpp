@@ -289,6 +289,18 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale
   });
 }
 
+// the first `cols` of an int8 tile's 32 columns, plus bias, into out
+template <int MR>
+inline void store_tile(const __m512 (&acc)[MR][2], float* out, int64_t ldo, int64_t cols, const float* bias) {
+  alignas(64) float row[kPanel];
+  for (int m = 0; m < MR; ++m) {
+    _mm512_storeu_ps(row, acc[m][0]);
+    _mm512_storeu_ps(row + 16, acc[m][1]);
+    float* o = out + m * ldo;
+    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
+}
+
 // out[MR, 32] from MR quantized rows and one Q4_1 panel
 template <int MR>
 inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
@@ -336,13 +348,7 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
       }
     }
   }
-  alignas(64) float row[kPanel];
-  for (int m = 0; m < MR; ++m) {
-    _mm512_storeu_ps(row, acc[m][0]);
-    _mm512_storeu_ps(row + 16, acc[m][1]);
-    float* o = out + m * ldo;
-    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
-  }
+  store_tile<MR>(acc, out, ldo, cols, bias);
 }
 
 // out[MR, 32] from MR quantized rows and one Q8_0 panel. vpdpbusd multiplies unsigned by
@@ -388,13 +394,7 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
       }
     }
   }
-  alignas(64) float row[kPanel];
-  for (int m = 0; m < MR; ++m) {
-    _mm512_storeu_ps(row, acc[m][0]);
-    _mm512_storeu_ps(row + 16, acc[m][1]);
-    float* o = out + m * ldo;
-    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
-  }
+  store_tile<MR>(acc, out, ldo, cols, bias);
 }
 
 template <typename Format, int... R>
