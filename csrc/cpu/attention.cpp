@@ -7,11 +7,18 @@
 // Head sizes 64, 128 and 256 take a SIMD path (a block's scores for all G heads, their
 // exponentials a vector at a time, then the value rows into register accumulators); others
 // take the plain loop, which is also the specification of both.
+//
+// A prefill chunk's rows (with AVX-512, blocks of a multiple of 16 tokens and G <= 16) go
+// 16 query heads at a time (16 / G rows): the heads are transposed once into [D][16], so one
+// key's 16 scores are D FMAs, each broadcasting one element of the key, with no horizontal
+// sums, and the online softmax runs on 16 heads at once. The one-row path spends a
+// horizontal sum per key and head, which held prefill attention to a fifth of the FMA peak.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -158,6 +165,96 @@ attend_fn<scalar_t> simd_attention(int64_t head_size) {
                               : nullptr;
   }
 }
+
+#if PYSERVE_VEC == 16
+constexpr int64_t kChunk = 16;  // keys per chunk, and query heads per tile: one vector each
+
+// Rows [row0, row0 + rows) of one sequence, all G heads of one KV head, rows * G <= 16 query
+// heads in all (lane i = row i / G, head i % G): row r sees keys [0, row_keys[r]), ascending
+// in r. qf [rows * G][D] holds the query heads, scaled. The heads are transposed once into
+// qt [D][16], so the scores of one key for all 16 heads are D FMAs with the key's elements
+// broadcast straight from the cache, and the online softmax runs on all heads at once;
+// results (unnormalised) go to acc [16][D] with l, as attend_simd's.
+template <int D, typename scalar_t>
+void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* row_keys,
+                 const int32_t* table, const scalar_t* k_head, const scalar_t* v_head,
+                 int64_t block_stride, int64_t token_stride, int64_t block_size, float* qt,
+                 float* probs, float* acc, float* l_out) {
+  using namespace simd;
+  constexpr int NV = D / kLanes;
+  constexpr float kFloor = -1e30f;  // a finite "minus infinity": floor - floor is 0, not NaN
+  const int64_t pairs = rows * group, max_keys = row_keys[rows - 1];
+  alignas(64) int32_t lane_keys[kChunk];
+  for (int64_t i = 0; i < kChunk; ++i) lane_keys[i] = i < pairs ? static_cast<int32_t>(row_keys[i / group]) : 0;
+  const __m512i keys_of_lane = _mm512_load_si512(lane_keys);
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t i = 0; i < kChunk; ++i) qt[d * kChunk + i] = i < pairs ? qf[i * D + d] : 0.f;
+  for (int64_t i = 0; i < pairs; ++i)
+    for (int v = 0; v < NV; ++v) store(acc + i * D + v * kLanes, zero());
+  vec m = set1(kFloor), l = zero();
+  alignas(64) float corr[kChunk];
+  for (int64_t first = 0; first < max_keys; first += kChunk) {
+    const int64_t offset = (first % block_size) * token_stride;
+    const scalar_t* kb = k_head + table[first / block_size] * block_stride + offset;
+    const scalar_t* vb = v_head + table[first / block_size] * block_stride + offset;
+    const int64_t n = std::min(kChunk, max_keys - first);
+    vec scores[kChunk];  // scores[j]: key first + j against every head
+    for (int64_t j = 0; j < kChunk; ++j) scores[j] = zero();
+    for (int64_t d = 0; d < D; ++d) {
+      const vec q = load(qt + d * kChunk);
+      for (int64_t j = 0; j < n; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * token_stride + d])), q, scores[j]);
+    }
+    __mmask16 seen[kChunk];  // lanes whose row sees key first + j
+    vec chunk_max = set1(kFloor);
+    for (int64_t j = 0; j < n; ++j) {
+      seen[j] = _mm512_cmpgt_epi32_mask(keys_of_lane, _mm512_set1_epi32(static_cast<int32_t>(first + j)));
+      chunk_max = _mm512_mask_max_ps(chunk_max, seen[j], chunk_max, scores[j]);
+    }
+    const vec new_m = max(m, chunk_max);
+    const vec correction = exp_clamped(sub(m, new_m));
+    l = mul(l, correction);
+    for (int64_t j = 0; j < n; ++j) {
+      const vec p = _mm512_maskz_mov_ps(seen[j], exp_clamped(sub(scores[j], new_m)));
+      l = add(l, p);
+      store(probs + j * kChunk, p);
+    }
+    m = new_m;
+    store(corr, correction);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t valid = std::min(n, row_keys[i / group] - first);
+      if (valid <= 0) continue;  // this row's causal limit lies before the chunk
+      vec out[NV];
+      const vec c = set1(corr[i]);
+      for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + i * D + v * kLanes), c);
+      for (int64_t j = 0; j < valid; ++j) {
+        const vec p = set1(probs[j * kChunk + i]);
+        const scalar_t* vj = vb + j * token_stride;
+        for (int v = 0; v < NV; ++v) out[v] = fma(p, load(vj + v * kLanes), out[v]);
+      }
+      for (int v = 0; v < NV; ++v) store(acc + i * D + v * kLanes, out[v]);
+    }
+  }
+  store(l_out, l);
+}
+
+template <typename scalar_t>
+using tile_fn = void (*)(const float*, int64_t, int64_t, const int64_t*, const int32_t*,
+                         const scalar_t*, const scalar_t*, int64_t, int64_t, int64_t, float*,
+                         float*, float*, float*);
+
+template <typename scalar_t>
+tile_fn<scalar_t> tile_attention(int64_t head_size, int64_t block_size, int64_t group) {
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    return nullptr;
+  } else {
+    if (block_size % kChunk != 0 || group > kChunk) return nullptr;
+    return head_size == 64    ? &attend_tile<64, scalar_t>
+           : head_size == 128 ? &attend_tile<128, scalar_t>
+           : head_size == 256 ? &attend_tile<256, scalar_t>
+                              : nullptr;
+  }
+}
+#endif
 #endif
 
 // One work item of the plain path: the same contract as attend_simd, any head size and any
@@ -217,15 +314,13 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   const int64_t table_stride = block_tables.stride(0);
   const int64_t max_blocks = block_tables.size(1);
 
-  // Which sequence owns each query row; validated once so the kernel can trust it.
-  std::vector<int32_t> row_seq(num_tokens, -1);
+  // validated once so the kernel can trust the metadata
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_len = starts[b + 1] - starts[b];
-    TORCH_CHECK(q_len >= 0 && starts[b + 1] <= num_tokens, "bad query_start_loc");
+    TORCH_CHECK(q_len >= 0 && starts[b] >= 0 && starts[b + 1] <= num_tokens, "bad query_start_loc");
     TORCH_CHECK(lens[b] >= q_len, "seq_lens[", b, "] is shorter than its query chunk");
     TORCH_CHECK((lens[b] + block_size - 1) / block_size <= max_blocks,
                 "block_tables too narrow for seq_lens[", b, "]");
-    for (int64_t t = starts[b]; t < starts[b + 1]; ++t) row_seq[t] = static_cast<int32_t>(b);
   }
 
   const scalar_t* q = query.data_ptr<scalar_t>();
@@ -239,38 +334,88 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   const int64_t padded = block_size;
 #endif
 
-  at::parallel_for(0, num_tokens * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * head_size), acc(group * head_size), m(group), l(group);
-    std::vector<float> scores(group * padded);
-    for (int64_t work = begin; work < end; ++work) {
-      const int64_t t = work / num_kv_heads, kv_head = work % num_kv_heads;
-      const int32_t b = row_seq[t];
-      if (b < 0) continue;  // a row no sequence claims (padding) is left untouched
-      const int64_t q_len = starts[b + 1] - starts[b];
-      const int64_t num_keys = lens[b] - q_len + (t - starts[b]) + 1;
-      for (int64_t g = 0; g < group; ++g) {
-        const scalar_t* qs = q + t * query.stride(0) + (kv_head * group + g) * query.stride(1);
-        for (int64_t d = 0; d < head_size; ++d)
-          qf[g * head_size + d] = static_cast<float>(qs[d]) * scale;
-      }
-      const int32_t* table = tables + b * table_stride;
-#ifdef PYSERVE_VEC
-      if (simd_path != nullptr)
-        simd_path(qf.data(), group, table, num_keys,
-                  key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1),
-                  value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1),
-                  key_cache.stride(0), key_cache.stride(2), block_size, scores.data(), acc.data(),
-                  m.data(), l.data());
-      else
+#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
+  const tile_fn<scalar_t> tile_path = same_layout ? tile_attention<scalar_t>(head_size, block_size, group) : nullptr;
+  const int64_t tile_rows = tile_path != nullptr ? kChunk / group : 1;
+#else
+  constexpr int64_t tile_rows = 1;
 #endif
-        attend_plain<scalar_t>(qf.data(), group, head_size, table, num_keys, key_cache,
-                               value_cache, kv_head, scores.data(), acc.data(), m.data(), l.data());
-      for (int64_t g = 0; g < group; ++g) {
-        scalar_t* os = o + t * out.stride(0) + (kv_head * group + g) * out.stride(1);
-        const float inv = 1.f / l[g];
-        for (int64_t d = 0; d < head_size; ++d)
-          os[d] = static_cast<scalar_t>(acc[g * head_size + d] * inv);
+  // Work items: (sequence, first row, rows, KV head). A chunk's rows go 16 / G to an item
+  // when the tile path exists; a decode row, or every row without it, is an item alone.
+  // Items are taken largest first from a shared counter: causal rows differ in cost by up to
+  // the chunk length, so fixed halves would leave a core idle.
+  struct Item {
+    int64_t cost;
+    int32_t seq, row0, rows, kv_head;
+  };
+  std::vector<Item> items;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t q_len = starts[b + 1] - starts[b];
+    const int64_t step = q_len > 1 ? tile_rows : 1;
+    for (int64_t r0 = 0; r0 < q_len; r0 += step) {
+      const int64_t rows = std::min(step, q_len - r0);
+      const int64_t keys = lens[b] - q_len + r0 + rows;
+      for (int64_t h = 0; h < num_kv_heads; ++h)
+        items.push_back({rows * keys, static_cast<int32_t>(b), static_cast<int32_t>(starts[b] + r0),
+                         static_cast<int32_t>(rows), static_cast<int32_t>(h)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  std::atomic<int64_t> next{0};
+
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    const int64_t pairs = std::max<int64_t>(tile_rows * group, 16);
+    std::vector<float> qf(pairs * head_size), acc(pairs * head_size), m(pairs), l(pairs);
+    std::vector<float> scores(group * padded);
+#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
+    std::vector<float> qt(head_size * kChunk), probs(kChunk * kChunk);
+    int64_t row_keys[kChunk];
+#endif
+    for (int64_t index = next++; index < static_cast<int64_t>(items.size()); index = next++) {
+      const Item& item = items[index];
+      const int64_t b = item.seq, kv_head = item.kv_head, rows = item.rows;
+      const int64_t q_len = starts[b + 1] - starts[b];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < group; ++g) {
+          const scalar_t* qs = q + (item.row0 + r) * query.stride(0) + (kv_head * group + g) * query.stride(1);
+          for (int64_t d = 0; d < head_size; ++d)
+            qf[(r * group + g) * head_size + d] = static_cast<float>(qs[d]) * scale;
+        }
+      const int32_t* table = tables + b * table_stride;
+      const scalar_t* k_head = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
+      const scalar_t* v_head = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
+      // keys row t sees: its position + 1
+      const int64_t first_keys = lens[b] - q_len + (item.row0 - starts[b]) + 1;
+#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
+      if (tile_path != nullptr && q_len > 1) {
+        for (int64_t r = 0; r < rows; ++r) row_keys[r] = first_keys + r;
+        tile_path(qf.data(), rows, group, row_keys, table, k_head, v_head, key_cache.stride(0),
+                  key_cache.stride(2), block_size, qt.data(), probs.data(), acc.data(), l.data());
+      } else
+#endif
+      {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* qr = qf.data() + r * group * head_size;
+          float* ar = acc.data() + r * group * head_size;
+#ifdef PYSERVE_VEC
+          if (simd_path != nullptr)
+            simd_path(qr, group, table, first_keys + r, k_head, v_head, key_cache.stride(0),
+                      key_cache.stride(2), block_size, scores.data(), ar, m.data() + r * group,
+                      l.data() + r * group);
+          else
+#endif
+            attend_plain<scalar_t>(qr, group, head_size, table, first_keys + r, key_cache,
+                                   value_cache, kv_head, scores.data(), ar, m.data() + r * group,
+                                   l.data() + r * group);
+        }
       }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t i = r * group + g;
+          scalar_t* os = o + (item.row0 + r) * out.stride(0) + (kv_head * group + g) * out.stride(1);
+          const float inv = 1.f / l[i];
+          for (int64_t d = 0; d < head_size; ++d) os[d] = static_cast<scalar_t>(acc[i * head_size + d] * inv);
+        }
     }
   });
 }
