@@ -360,10 +360,17 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
                          static_cast<int32_t>(rows), static_cast<int32_t>(h)});
     }
   }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  // A decode-only batch keeps its rows in order, split in contiguous halves, each core then
+  // reading every KV head of its sequences' blocks: handing the items out one by one measured
+  // about 4 % slower per decode step (SmolLM2, batch 16).
+  const bool uneven = std::any_of(items.begin(), items.end(), [](const Item& i) { return i.rows > 1; });
+  if (uneven)
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  const int64_t num_items = static_cast<int64_t>(items.size());
   std::atomic<int64_t> next{0};
 
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  // next_item() gives this thread's next item index, or -1 when none is left
+  auto work = [&](auto&& next_item) {
     const int64_t pairs = std::max<int64_t>(tile_rows * group, 16);
     std::vector<float> qf(pairs * head_size), acc(pairs * head_size), m(pairs), l(pairs);
     std::vector<float> scores(group * padded);
@@ -371,7 +378,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
     std::vector<float> qt(head_size * kChunk), probs(kChunk * kChunk);
     int64_t row_keys[kChunk];
 #endif
-    for (int64_t index = next++; index < static_cast<int64_t>(items.size()); index = next++) {
+    for (int64_t index = next_item(); index >= 0; index = next_item()) {
       const Item& item = items[index];
       const int64_t b = item.seq, kv_head = item.kv_head, rows = item.rows;
       const int64_t q_len = starts[b + 1] - starts[b];
@@ -417,7 +424,16 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
           for (int64_t d = 0; d < head_size; ++d) os[d] = static_cast<scalar_t>(acc[i * head_size + d] * inv);
         }
     }
-  });
+  };
+  if (uneven) {
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      work([&] { const int64_t i = next++; return i < num_items ? i : int64_t{-1}; });
+    });
+  } else {
+    at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
+      work([&, i = begin]() mutable { return i < end ? i++ : int64_t{-1}; });
+    });
+  }
 }
 
 }  // namespace
