@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="dummy: random weights from config.json")
     g.add_argument("--gguf-activations", choices=GGUF_ACTIVATIONS, default="float32",
-                   help="GGUF Q4_1 weights on the CPU: float32 activations (output bitwise that "
+                   help="GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (output bitwise that "
                    "of the float32 model) or int8 (quantized per block of 32 for integer dot "
                    "products, as llama.cpp does: 2-3x faster linear layers where the CPU has "
                    "AVX-512 VNNI, not bitwise)")

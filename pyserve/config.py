@@ -31,7 +31,7 @@ class ModelConfig:
     load_format: str = "auto"
     max_logprobs: int = 20
     download_dir: str = field(default_factory=default_download_dir)
-    # GGUF Q4_1 weights on the CPU: float32 activations (bitwise the float32 model's output) or
+    # GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (bitwise the float32 model's output) or
     # int8 ones with integer dot products, as llama.cpp computes them (faster, not bitwise)
     gguf_activations: str = "float32"
 

@@ -20,8 +20,8 @@ class LLM:
     (dtype="float32", max_model_len=2048, kv_cache_memory=1 << 30, ...)."""
 
     def __init__(self, model: str | None = None, **flags):
-        self.config = Config.from_flat(model=model, **flags)
-        self.engine = EngineCore(self.config)
+        self.engine = EngineCore(Config.from_flat(model=model, **flags))
+        self.config = self.engine.config  # with what the engine resolved (the step budget)
         self._ids = itertools.count()
 
     def shutdown(self) -> None:

@@ -136,7 +136,7 @@ class EngineCore:
                          sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8_activations)
         self.executor = executor_cls(spec, config.scheduler.max_num_batched_tokens)
         num_blocks = self.executor.runner.num_blocks
-        activations = "int8 activations on Q4_1" if int8_activations else "float32 activations"
+        activations = "int8 activations" if int8_activations else "float32 activations"
         weights = (f"GGUF weights from {source.gguf_path.name}, {activations}" if gguf_kept
                    else _dtype_name(self.dtype, self.weight_dtype))
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",

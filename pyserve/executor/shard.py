@@ -40,7 +40,7 @@ class ShardSpec:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     cuda_graph_sizes: tuple[int, ...] = ()  # empty: eager only
-    int8_activations: bool = False  # GGUF Q4_1 layers quantize their input (--gguf-activations)
+    int8_activations: bool = False  # GGUF Q4_1 / Q8_0 layers quantize their input (--gguf-activations)
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:

@@ -118,7 +118,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
                gguf_path: Path | None = None, int8_activations: bool = False) -> torch.nn.Module:
     """gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
     Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
-    int8_activations: its Q4_1 layers quantize their input to int8 for integer dot products."""
+    int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products."""
     quantized = {}
     if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
         from pyserve.model.gguf import gguf_blocks

@@ -22,7 +22,7 @@ PACKED_MAX_ROWS = 256
 def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
-    lookup read. The unpacked copy is freed. int8_activations: a Q4_1 layer then quantizes its
+    lookup read. The unpacked copy is freed. int8_activations: a Q4_1 / Q8_0 layer then quantizes its
     input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h)."""
     weight, gguf = layer.weight.data, layer.gguf
     if gguf is not None:
