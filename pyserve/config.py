@@ -31,8 +31,9 @@ class ModelConfig:
     load_format: str = "auto"
     max_logprobs: int = 20
     download_dir: str = field(default_factory=default_download_dir)
-    # GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (bitwise the float32 model's output) or
-    # int8 ones with integer dot products, as llama.cpp computes them (faster, not bitwise)
+    # GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (bitwise the float32 model's
+    # output) or int8 ones with integer dot products, as llama.cpp computes them (faster, not
+    # bitwise)
     gguf_activations: str = "float32"
 
 
@@ -167,7 +168,8 @@ def validate(config: Config) -> None:
     need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")
     need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
-    need(s.max_num_batched_tokens is None or s.max_num_batched_tokens > 0, "--max-num-batched-tokens", "must be positive")
+    need(s.max_num_batched_tokens is None or s.max_num_batched_tokens > 0, "--max-num-batched-tokens",
+         "must be positive")
     sizes = config.device.cuda_graph_sizes
     need(sizes is None or (len(sizes) > 0 and all(isinstance(n, int) and n > 0 for n in sizes)),
          "--cuda-graph-sizes", "must be positive integers")

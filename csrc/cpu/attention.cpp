@@ -349,8 +349,10 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
     int32_t seq, row0, rows, kv_head;
   };
   std::vector<Item> items;
+  bool uneven = false;  // a prefill chunk: rows of unequal cost
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_len = starts[b + 1] - starts[b];
+    uneven |= q_len > 1;
     const int64_t step = q_len > 1 ? tile_rows : 1;
     for (int64_t r0 = 0; r0 < q_len; r0 += step) {
       const int64_t rows = std::min(step, q_len - r0);
@@ -363,8 +365,6 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   // A decode-only batch keeps its rows in order, split in contiguous halves, each core then
   // reading every KV head of its sequences' blocks: handing the items out one by one measured
   // about 4 % slower per decode step (SmolLM2, batch 16).
-  bool uneven = false;  // a prefill chunk: rows of unequal cost
-  for (int64_t b = 0; b < num_seqs; ++b) uneven |= starts[b + 1] - starts[b] > 1;
   if (uneven)
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
   const int64_t num_items = static_cast<int64_t>(items.size());

@@ -86,7 +86,7 @@ def default_max_num_batched_tokens(device: torch.device) -> int:
     """The step budget when --max-num-batched-tokens is not given. On the CPU a step's time
     grows with its tokens, so a 2,048-token prefill step holds every request in it (and every
     running decode) for its whole second or more; 512-token chunks gave the same W2
-    throughput with half the median time to first token (benchmarks/peers, W2). A GPU step
+    throughput with half the median time to first token (python -m benchmarks.serve). A GPU step
     costs about the same at 2,048 tokens as at 512."""
     return 512 if device.type == "cpu" else 2048
 
