@@ -2,6 +2,8 @@
 // reaches them only through pyserve/_native.py.
 #include <torch/extension.h>
 
+#include <array>
+
 #include "comm/shm_communicator.h"
 #include "cpu/decoder_layer.h"
 #include "cpu/ops.h"
@@ -148,15 +150,15 @@ PYBIND11_MODULE(_C, m) {
   py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, double eps, at::Tensor qkv,
                        int64_t qkv_out, std::optional<at::Tensor> qkv_bias, at::Tensor o_proj,
-                       at::Tensor gate_up, int64_t gate_up_out, at::Tensor down, int64_t max_rows, int64_t num_heads,
+                       at::Tensor gate_up, int64_t gate_up_out, at::Tensor down, std::array<int64_t, 4> max_rows, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale) {
              using pyserve::cpu::PackedLinear;
              const int64_t hidden = input_norm.numel();
              return pyserve::cpu::LlamaLayer(
-                 input_norm, post_norm, eps, PackedLinear{qkv, qkv_out, qkv_bias, max_rows},
-                 PackedLinear{o_proj, hidden, std::nullopt, max_rows},
-                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows},
-                 PackedLinear{down, hidden, std::nullopt, max_rows}, num_heads, num_kv_heads,
+                 input_norm, post_norm, eps, PackedLinear{qkv, qkv_out, qkv_bias, max_rows[0]},
+                 PackedLinear{o_proj, hidden, std::nullopt, max_rows[1]},
+                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows[2]},
+                 PackedLinear{down, hidden, std::nullopt, max_rows[3]}, num_heads, num_kv_heads,
                  head_dim, cos_sin, scale);
            }),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),

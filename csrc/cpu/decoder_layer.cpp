@@ -5,9 +5,7 @@
 namespace pyserve::cpu {
 
 at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
-  // an int8-activation weight (int8 dtype) runs every row count: its integer GEMM outruns
-  // BLAS on the widened weight
-  if (x.size(0) <= max_rows || packed.scalar_type() == at::kChar) {
+  if (x.size(0) <= max_rows) {
     at::Tensor out = at::empty({x.size(0), out_features}, x.options());
     packed_linear(out, x.contiguous(), packed, bias);
     return out;

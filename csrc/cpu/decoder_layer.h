@@ -14,7 +14,8 @@
 namespace pyserve::cpu {
 
 // A linear layer as apply_linear (pyserve/model/layers/linear.py) runs it: the packed kernel
-// up to max_rows rows, else BLAS on the widened weight.
+// up to max_rows rows (packed_max_rows there, by the weight's format), else BLAS on the
+// widened weight.
 struct PackedLinear {
   at::Tensor packed;
   int64_t out_features;

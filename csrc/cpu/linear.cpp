@@ -222,9 +222,86 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
   }
 }
 
-// A panel widened to float32 [K][32]: for a quantized panel read by more than one row tile
-// (each tile then reads floats from cache instead of dequantizing the same blocks again), and
-// for unpack_linear_weight.
+// acc[MR, 32] += x[MR, kn] · w[kn, 32] for float32 weights w (a widened chunk of a quantized
+// panel), acc kept in memory between chunks: each element still sums its k in order with one
+// FMA each, so the result is bitwise that of tile() over the whole panel.
+template <int MR>
+inline void tile_accumulate(const float* x, int64_t ldx, const float* w, int64_t kn, float* acc_buf,
+                            bool first) {
+  vec acc[MR][kVecs];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kVecs; ++v) acc[m][v] = first ? zero() : load(acc_buf + m * kPanel + v * kLanes);
+  for (int64_t kk = 0; kk < kn; ++kk) {
+    vec wv[kVecs];
+    for (int v = 0; v < kVecs; ++v) wv[v] = load(w + kk * kPanel + v * kLanes);
+    for (int m = 0; m < MR; ++m) {
+      const vec xb = set1(x[m * ldx + kk]);
+      for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, wv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kVecs; ++v) store(acc_buf + m * kPanel + v * kLanes, acc[m][v]);
+}
+
+template <int... R>
+inline void tile_accumulate_rows(int rows, std::integer_sequence<int, R...>, const float* x,
+                                 int64_t ldx, const float* w, int64_t kn, float* acc_buf, bool first) {
+  ((rows == R + 1 ? tile_accumulate<R + 1>(x, ldx, w, kn, acc_buf, first) : void()), ...);
+}
+
+// Groups [g0, g1) of a quantized panel widened to float32 [(g1 - g0) · 32][32] in dst.
+template <typename Format>
+void widen_groups(const uint8_t* panel, int64_t g0, int64_t g1, float* dst) {
+  constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = panel + g * Format::kGroupBytes;
+    for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
+    const GroupReader<Format> reader(group);
+    for (int64_t kk = 0; kk < kGroup; ++kk) {
+      vec w[kVecs];
+      reader.row(kk, w);
+      for (int v = 0; v < kVecs; ++v) store(dst + ((g - g0) * kGroup + kk) * kPanel + v * kLanes, w[v]);
+    }
+  }
+}
+
+// Rows [0, M) (M > kMaxRows) against one quantized panel: the panel is widened kChunkGroups
+// groups at a time into a buffer that stays in L1 while every row tile passes over it, so
+// each weight is dequantized once per call and read back from L1 (widening the whole panel
+// first sent it through L2 and cost as much as the FMAs at 16 rows).
+constexpr int64_t kChunkGroups = 4;  // 128 k: 16 KiB of float32 weights
+
+template <typename Format>
+void quantized_panel_rows(const float* x, int64_t M, int64_t K, const uint8_t* panel, float* out,
+                          int64_t ldo, int64_t cols, const float* bias) {
+  alignas(64) float chunk[kChunkGroups * kGroup * kPanel];
+  thread_local std::vector<float> acc_buffer;
+  acc_buffer.resize(M * kPanel);
+  float* const acc = acc_buffer.data();
+  // equal tiles of at most kMaxRows rows, as in packed_linear_impl
+  const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
+  for (int64_t g0 = 0; g0 < K / kGroup; g0 += kChunkGroups) {
+    const int64_t g1 = std::min(K / kGroup, g0 + kChunkGroups);
+    widen_groups<Format>(panel, g0, g1, chunk);
+    for (int64_t t = 0, m = 0; t < tiles; ++t) {
+      const int64_t rows = (M - m) / (tiles - t);
+      tile_accumulate_rows(static_cast<int>(rows), std::make_integer_sequence<int, kMaxRows>{},
+                           x + m * K + g0 * kGroup, K, chunk, (g1 - g0) * kGroup, acc + m * kPanel, g0 == 0);
+      m += rows;
+    }
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    float* o = out + m * ldo;
+    const float* a = acc + m * kPanel;
+    if (bias != nullptr)
+      for (int64_t c = 0; c < cols; ++c) o[c] = a[c] + bias[c];
+    else
+      std::memcpy(o, a, cols * sizeof(float));
+  }
+}
+
+// A panel widened to float32 [K][32], for unpack_linear_weight.
 template <typename Format>
 void widen_panel(const uint8_t* panel, int64_t K, float* dst) {
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
@@ -457,26 +534,23 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
 #ifdef PYSERVE_VEC
         if constexpr (Format::kQuantized) {
           if (m1 - m0 > kMaxRows) {
-            thread_local std::vector<float> widened;
-            widened.resize(K * kPanel);
-            widen_panel<Format>(panel, K, widened.data());
-            const auto* floats = reinterpret_cast<const uint8_t*>(widened.data());
-            for (int64_t m = m0; m < m1; m += kMaxRows)
-              tile_rows<FloatFormat<float>>(static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m)),
-                                            std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K,
-                                            floats, K, out + m * N + n0, N, cols, b);
+            quantized_panel_rows<Format>(x + m0 * K, m1 - m0, K, panel, out + m0 * N + n0, N, cols, b);
             continue;
           }
         }
 #endif
-        for (int64_t m = m0; m < m1; m += kMaxRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m1 - m));
+        // equal tiles of at most kMaxRows rows (16 as 8 + 8: a 4-row tile loads a weight
+        // vector for every 4 FMAs)
+        const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
+        for (int64_t t = 0, m = m0; t < tiles; ++t) {
+          const int rows = static_cast<int>((m1 - m) / (tiles - t));
 #ifdef PYSERVE_VEC
           tile_rows<Format>(rows, std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K, panel,
                             K, out + m * N + n0, N, cols, b);
 #else
           tile_plain<Format>(rows, x + m * K, K, panel, K, out + m * N + n0, N, cols, b);
 #endif
+          m += rows;
         }
       }
     });

@@ -54,8 +54,7 @@ def pack_weights(model: torch.nn.Module, int8_activations: bool = False) -> None
     in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
     layers that can run as one native call are set up to."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
-    from pyserve.model.layers.linear import (PACKED_MAX_ROWS, ColumnParallelLinear, RowParallelLinear,
-                                             pack_for_cpu)
+    from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear, pack_for_cpu
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
@@ -63,7 +62,7 @@ def pack_weights(model: torch.nn.Module, int8_activations: bool = False) -> None
                 pack_for_cpu(module, int8_activations)
     for module in model.modules():
         if hasattr(module, "make_native"):
-            module.make_native(PACKED_MAX_ROWS)
+            module.make_native()
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -54,11 +54,12 @@ def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_mode
     the kernel dequantizes them exactly as the conversion did: sampled and prompt logprobs are
     bitwise the float32 checkpoint's, for decode steps and for a prefill of more rows than
     the packed kernel takes (which widens the blocks for BLAS)."""
+    from pyserve.model.layers.linear import QUANTIZED_PACKED_MAX_ROWS
     from pyserve.model.layers.quantized import BLOCK_BYTES
 
-    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # > 256 tokens
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)  # > 512 tokens
     params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, prompt_logprobs=2, ignore_eos=True)
-    quantized = LLM(str(gguf_file))
+    quantized = LLM(str(gguf_file), max_num_batched_tokens=1024)
     model = quantized.engine.runner.model
     layer = model.model.layers[0]
     assert layer.mlp.gate_up_proj.packed.dtype == torch.uint8  # Q4_1 panels
@@ -67,11 +68,11 @@ def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_mode
     packed_bytes = sum(m.packed.numel() * m.packed.element_size() for m in model.modules()
                        if getattr(m, "packed", None) is not None)
     assert packed_bytes < 135e6 * 4 / 5 and set(BLOCK_BYTES) == {"Q4_1", "Q8_0"}
-    float32 = LLM(str(default_model_dir))
+    float32 = LLM(str(default_model_dir), max_num_batched_tokens=1024)  # the same chunks
     prompts = PROMPTS + [long_prompt]
     ours = quantized.generate(prompts, params)
     reference = float32.generate(prompts, params)
-    assert len(quantized.engine.tokenizer.encode(long_prompt)) > 256
+    assert len(quantized.engine.tokenizer.encode(long_prompt)) > QUANTIZED_PACKED_MAX_ROWS
     for a, b in zip(ours, reference):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == b.outputs[0].logprobs

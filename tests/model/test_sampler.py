@@ -8,7 +8,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 
 from pyserve.engine.request import Request
 from pyserve.engine.sampling_params import SamplingParams
-from pyserve.model.sampler import _apply_penalties, _top_k_top_p, build_metadata, sample
+from pyserve.model.sampler import _apply_penalties, _draw, _top_k_top_p, build_metadata, sample
 
 VOCAB = 64
 
@@ -84,6 +84,29 @@ def test_sampling_draws_from_the_distribution():
     tokens = torch.tensor(sample(x, meta, torch.Generator().manual_seed(0)).token_ids)
     freq = torch.bincount(tokens, minlength=4).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_inverse_cdf_draw_skips_zero_weights():
+    weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 0.0, 1.0, 0.0]]).repeat(8000, 1)
+    u = torch.rand(8000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    tokens = _draw(weights, u, torch.full((8000,), 1))
+    freq = torch.bincount(tokens, minlength=7).float() / 8000
+    assert torch.allclose(freq, torch.tensor([0, 0.5, 0, 0.25, 0, 0.25, 0]), atol=0.02), freq
+    # u * total at the very end of the cumulative sum (rounding can get there) lands past the
+    # last positive weight: the fallback token is taken, never a zero-weight one
+    edge = _draw(weights[:2], torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([3, 3]))
+    assert edge.tolist() == [3, 1]
+
+
+def test_seeded_sampling_is_independent_of_the_batch():
+    x = logits(3, seed=5)
+    alone = [request([1], temperature=0.9, top_k=20, seed=7)]
+    mixed = [request([1], temperature=0.9), request([1], temperature=0.9, top_k=20, seed=7),
+             request([1], temperature=0.0)]
+    a = sample(x[1:2].clone(), build_metadata(alone, VOCAB, torch.device("cpu")), torch.Generator())
+    b = sample(x.clone(), build_metadata(mixed, VOCAB, torch.device("cpu")), torch.Generator().manual_seed(3))
+    assert a.token_ids[0] == b.token_ids[1]
+    assert b.token_ids[2] == x[2].argmax().item()
 
 
 def test_logit_bias_and_min_tokens_ban():

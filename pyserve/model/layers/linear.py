@@ -14,9 +14,20 @@ from pyserve.model.layers.quantized import source_tensor, weight_destination
 
 # Up to this many rows (decode steps, short chunks) our packed kernel runs a layer; above it a
 # step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
-# to float32 [N, K] for it (for SmolLM2-135M's Q4_1 weights about 65 ms a step, 3% of a
-# 2,048-token step). benchmarks/linear.py measures both sides of this threshold.
+# to float32 [N, K] for it. A GGUF panel (uint8) stays ahead of widening + BLAS for longer: it
+# is read once from memory and dequantized in L1-sized chunks, where the widened weight is
+# written and read again (at 384 rows 274 against 243 GFLOP/s, at 512 254 against 212, at
+# 1,024 244 against 275); an int8-activation panel outruns BLAS at every row count.
+# benchmarks/linear.py measures both sides of these thresholds.
 PACKED_MAX_ROWS = 256
+QUANTIZED_PACKED_MAX_ROWS = 512
+
+
+def packed_max_rows(packed: torch.Tensor) -> int:
+    """The most rows of x the packed kernel takes for this packed weight (see above)."""
+    if packed.dtype == torch.int8:
+        return torch.iinfo(torch.int64).max
+    return QUANTIZED_PACKED_MAX_ROWS if packed.dtype == torch.uint8 else PACKED_MAX_ROWS
 
 
 def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
@@ -41,9 +52,7 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     packed = layer.packed
     if packed is None:
         return F.linear(x, layer.weight.to(x.dtype), bias)
-    # an int8-activation weight (int8 dtype, see pack_for_cpu) runs every row count: its
-    # integer GEMM outruns BLAS on the widened weight
-    if x.shape[0] <= PACKED_MAX_ROWS or packed.dtype == torch.int8:
+    if x.shape[0] <= packed_max_rows(packed):
         out = x.new_empty(x.shape[0], layer.out_features)
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out

@@ -13,7 +13,8 @@ from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
+                                         packed_max_rows)
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -79,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         self.tp = tp
         self.native = None  # the whole layer in one native call (make_native)
 
-    def make_native(self, packed_max_rows: int) -> None:
+    def make_native(self) -> None:
         """Runs the layer as one call into the extension (the same kernels in the same order,
         without the Python between them) where it can: one rank, packed weights on the CPU,
         no q/k norm, biases on qkv only."""
@@ -92,7 +93,8 @@ class LlamaDecoderLayer(nn.Module):
             self.input_layernorm.weight, self.post_attention_layernorm.weight,
             self.input_layernorm.eps, attn.qkv_proj.packed, attn.qkv_proj.out_features,
             attn.qkv_proj.bias, attn.o_proj.packed, mlp.gate_up_proj.packed,
-            mlp.gate_up_proj.out_features, mlp.down_proj.packed, packed_max_rows, attn.num_heads,
+            mlp.gate_up_proj.out_features, mlp.down_proj.packed,
+            [packed_max_rows(l.packed) for l in linears], attn.num_heads,
             attn.num_kv_heads, attn.head_dim, attn.rotary.cos_sin, attn.attn.scale)
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
