@@ -90,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=True, help="reuse cached KV blocks of shared prompt prefixes")
 
     g = parser.add_argument_group("scheduler")
-    g.add_argument("--max-num-seqs", type=_positive_int, default=256,
-                   help="most sequences in one step")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=None,
+                   help="most sequences in one step; default 128 on the CPU, 256 on CUDA")
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
-                   help="most tokens in one step (prefill chunks plus decodes); default 512 on "
-                   "the CPU (first tokens sooner at the same throughput), 2048 on CUDA")
+                   help="most tokens in one step (prefill chunks plus decodes), at least "
+                   "--max-num-seqs; default 128 on the CPU (first tokens sooner at the same "
+                   "throughput), 2048 on CUDA")
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine summary log lines while busy (0: off)")

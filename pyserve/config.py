@@ -47,9 +47,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    # None: per device (engine/core.py's default_max_num_batched_tokens), as vLLM sets it per
-    # platform: small prefill chunks on the CPU, where a step's time grows with its tokens
+    # None: per device (engine/core.py's resolve_step_limits), as vLLM sets them per platform:
+    # small prefill chunks on the CPU, where a step's time grows with its tokens
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
     log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
@@ -167,9 +167,13 @@ def validate(config: Config) -> None:
     need(c.block_size in (8, 16, 32, 64, 128), "--block-size", "must be one of 8, 16, 32, 64, 128")
     need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")
-    need(s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
+    need(s.max_num_seqs is None or s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens is None or s.max_num_batched_tokens > 0, "--max-num-batched-tokens",
          "must be positive")
+    # a step must have room for one token of every running sequence, or some decodes would wait
+    need(s.max_num_batched_tokens is None or s.max_num_seqs is None
+         or s.max_num_batched_tokens >= s.max_num_seqs, "--max-num-batched-tokens",
+         f"must be at least --max-num-seqs ({s.max_num_seqs})")
     sizes = config.device.cuda_graph_sizes
     need(sizes is None or (len(sizes) > 0 and all(isinstance(n, int) and n > 0 for n in sizes)),
          "--cuda-graph-sizes", "must be positive integers")

@@ -14,7 +14,7 @@ def test_defaults_and_sections():
     assert isinstance(config, Config)
     assert config.model.model is None and config.model.dtype == "auto"
     assert config.cache.block_size == 16 and config.cache.enable_prefix_caching
-    assert config.scheduler.max_num_batched_tokens is None and config.scheduler.max_num_seqs == 256
+    assert config.scheduler.max_num_batched_tokens is None and config.scheduler.max_num_seqs is None
     assert config.parallel.tensor_parallel_size == 1
     assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
 
@@ -48,6 +48,7 @@ def test_environment_gives_defaults_and_the_command_line_wins():
 @pytest.mark.parametrize("argv,env,flag", [
     (["--block-size", "7"], {}, "--block-size"),
     (["--max-num-seqs", "0"], {}, "--max-num-seqs"),
+    (["--max-num-seqs", "64", "--max-num-batched-tokens", "32"], {}, "--max-num-batched-tokens"),
     (["--kv-cache-memory", "lots"], {}, "--kv-cache-memory"),
     (["--dtype", "float8"], {}, "--dtype"),
     (["--gpu-memory-utilization", "1.5"], {}, "--gpu-memory-utilization"),

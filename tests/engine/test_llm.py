@@ -2,6 +2,7 @@
 seeded sampling, chunked prefill, preemption and block accounting."""
 
 import pytest
+import torch
 
 from pyserve import LLM, SamplingParams
 from pyserve.engine.sampling_params import SamplingParams as SP
@@ -158,10 +159,18 @@ def test_profile_run_borrows_and_returns_blocks(llm):
     assert not engine.has_unfinished()
 
 
-def test_step_budget_defaults_per_device(llm, model_dir):
-    """--max-num-batched-tokens unset: 512 tokens a step on the CPU (engine/core.py says why),
-    and what the scheduler uses is the resolved value; a given value is kept."""
-    assert llm.engine.config.scheduler.max_num_batched_tokens == 512
-    assert llm.engine.scheduler.config.max_num_batched_tokens == 512
+def test_step_limits_default_per_device(llm, model_dir):
+    """--max-num-seqs and --max-num-batched-tokens unset: 128 and 128 on the CPU (engine/core.py
+    says why), and what the scheduler uses is the resolved value; given values are kept, a
+    budget never below the sequence count."""
+    assert llm.engine.config.scheduler.max_num_batched_tokens == 128
+    assert llm.engine.scheduler.config.max_num_batched_tokens == 128
+    assert llm.engine.scheduler.config.max_num_seqs == 128
     given = LLM(str(model_dir), kv_cache_memory="16MiB", max_model_len=256, max_num_batched_tokens=40)
-    assert given.engine.scheduler.config.max_num_batched_tokens == 40
+    assert (given.engine.scheduler.config.max_num_batched_tokens, given.engine.scheduler.config.max_num_seqs) == (40, 40)
+    seqs = LLM(str(model_dir), kv_cache_memory="16MiB", max_model_len=256, max_num_seqs=300)
+    assert (seqs.engine.scheduler.config.max_num_batched_tokens, seqs.engine.scheduler.config.max_num_seqs) == (300, 300)
+    from pyserve.config import SchedulerConfig
+    from pyserve.engine.core import resolve_step_limits
+    cuda = resolve_step_limits(SchedulerConfig(), torch.device("cuda"))
+    assert (cuda.max_num_seqs, cuda.max_num_batched_tokens) == (256, 2048)

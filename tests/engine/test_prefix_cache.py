@@ -44,7 +44,7 @@ def test_shared_prefix_reuses_blocks_and_keeps_outputs(model_dir):
 
 
 def test_blocks_are_shared_by_reference_while_running(model_dir):
-    llm = LLM(str(model_dir), kv_cache_memory="16MiB")
+    llm = LLM(str(model_dir), kv_cache_memory="16MiB", max_num_batched_tokens=512)  # a prompt a step
     engine = llm.engine
     ids = prompts(llm.get_tokenizer())
     engine.add_request("a", ids[0], GREEDY)
@@ -81,8 +81,10 @@ def test_eviction_under_pressure_and_preemption_keep_outputs(model_dir):
 def test_a_burst_sharing_a_prefix_computes_it_once(model_dir):
     """Requests arriving together wait one step for the first to compute the shared blocks,
     then take them from the cache; outputs are those of a run without caching."""
-    on = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16)
-    off = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, enable_prefix_caching=False)
+    # steps of 512 tokens: the first prompt in one step
+    on = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, max_num_batched_tokens=512)
+    off = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, enable_prefix_caching=False,
+              max_num_batched_tokens=512)
     ids = prompts(on.get_tokenizer())
     core = on.engine
     for i, p in enumerate(ids):
