@@ -182,6 +182,9 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
                  float* probs, float* acc, float* l_out) {
   using namespace simd;
   constexpr int NV = D / kLanes;
+  // output rows (query head pairs) updated together in the P·V product: 16 accumulators, plus
+  // NV value vectors (head size 256: one row at a time)
+  constexpr int kPairs = NV <= 8 ? 16 / NV : 1;
   constexpr float kFloor = -1e30f;  // a finite "minus infinity": floor - floor is 0, not NaN
   const int64_t pairs = rows * group, max_keys = row_keys[rows - 1];
   alignas(64) int32_t lane_keys[kChunk];
@@ -198,11 +201,24 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
     const scalar_t* kb = k_head + table[first / block_size] * block_stride + offset;
     const scalar_t* vb = v_head + table[first / block_size] * block_stride + offset;
     const int64_t n = std::min(kChunk, max_keys - first);
-    vec scores[kChunk];  // scores[j]: key first + j against every head
-    for (int64_t j = 0; j < kChunk; ++j) scores[j] = zero();
-    for (int64_t d = 0; d < D; ++d) {
-      const vec q = load(qt + d * kChunk);
-      for (int64_t j = 0; j < n; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * token_stride + d])), q, scores[j]);
+    // scores[j]: key first + j against every head. All kChunk keys of the chunk, n or not: a
+    // constant trip count keeps the 16 sums in registers (a loop to n kept them in memory, a
+    // load and a store for every FMA), and the chunk lies within one cache block, so the keys
+    // past n are readable; their scores are never used.
+    // Keys stored densely (token stride D, the cache's own layout) are addressed from one
+    // pointer with constant offsets; sixteen strided pointers would not fit the registers.
+    vec scores[kChunk];
+    for (int j = 0; j < kChunk; ++j) scores[j] = zero();
+    if (token_stride == D) {
+      for (int64_t d = 0; d < D; ++d) {
+        const vec q = load(qt + d * kChunk);
+        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * D + d])), q, scores[j]);
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) {
+        const vec q = load(qt + d * kChunk);
+        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * token_stride + d])), q, scores[j]);
+      }
     }
     __mmask16 seen[kChunk];  // lanes whose row sees key first + j
     vec chunk_max = set1(kFloor);
@@ -220,18 +236,52 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
     }
     m = new_m;
     store(corr, correction);
-    for (int64_t i = 0; i < pairs; ++i) {
-      const int64_t valid = std::min(n, row_keys[i / group] - first);
-      if (valid <= 0) continue;  // this row's causal limit lies before the chunk
-      vec out[NV];
-      const vec c = set1(corr[i]);
-      for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + i * D + v * kLanes), c);
-      for (int64_t j = 0; j < valid; ++j) {
-        const vec p = set1(probs[j * kChunk + i]);
-        const scalar_t* vj = vb + j * token_stride;
-        for (int v = 0; v < NV; ++v) out[v] = fma(p, load(vj + v * kLanes), out[v]);
+    for (int64_t i0 = 0; i0 < pairs; i0 += kPairs) {
+      const int64_t block = std::min<int64_t>(kPairs, pairs - i0);
+      int64_t longest = 0;
+      bool all_see = true;
+      for (int64_t i = i0; i < i0 + block; ++i) {
+        const int64_t valid = std::min(n, row_keys[i / group] - first);
+        all_see = all_see && valid > 0;
+        longest = std::max(longest, valid);
       }
-      for (int v = 0; v < NV; ++v) store(acc + i * D + v * kLanes, out[v]);
+      if constexpr (kPairs > 1) {
+        if (block == kPairs && all_see) {
+          // kPairs rows of the output at once, each value vector loaded once for all of them
+          // (one row at a time loads one per FMA, and the loads, not the FMAs, set the pace).
+          // A pair whose row stops before key j has probability 0 there: it adds exactly 0.
+          vec out[kPairs][NV];
+          for (int p = 0; p < kPairs; ++p) {
+            const vec c = set1(corr[i0 + p]);
+            for (int v = 0; v < NV; ++v) out[p][v] = mul(load(acc + (i0 + p) * D + v * kLanes), c);
+          }
+          for (int64_t j = 0; j < longest; ++j) {
+            const scalar_t* vj = vb + j * token_stride;
+            vec values[NV];
+            for (int v = 0; v < NV; ++v) values[v] = load(vj + v * kLanes);
+            for (int p = 0; p < kPairs; ++p) {
+              const vec prob = set1(probs[j * kChunk + i0 + p]);
+              for (int v = 0; v < NV; ++v) out[p][v] = fma(prob, values[v], out[p][v]);
+            }
+          }
+          for (int p = 0; p < kPairs; ++p)
+            for (int v = 0; v < NV; ++v) store(acc + (i0 + p) * D + v * kLanes, out[p][v]);
+          continue;
+        }
+      }
+      for (int64_t i = i0; i < i0 + block; ++i) {
+        const int64_t valid = std::min(n, row_keys[i / group] - first);
+        if (valid <= 0) continue;  // this row's causal limit lies before the chunk
+        vec out[NV];
+        const vec c = set1(corr[i]);
+        for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + i * D + v * kLanes), c);
+        for (int64_t j = 0; j < valid; ++j) {
+          const vec p = set1(probs[j * kChunk + i]);
+          const scalar_t* vj = vb + j * token_stride;
+          for (int v = 0; v < NV; ++v) out[v] = fma(p, load(vj + v * kLanes), out[v]);
+        }
+        for (int v = 0; v < NV; ++v) store(acc + i * D + v * kLanes, out[v]);
+      }
     }
   }
   store(l_out, l);
