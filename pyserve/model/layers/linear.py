@@ -16,11 +16,11 @@ from pyserve.model.layers.quantized import source_tensor, weight_destination
 # step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
 # to float32 [N, K] for it. A GGUF panel (uint8) stays ahead of widening + BLAS for longer: it
 # is read once from memory and dequantized in L1-sized chunks, where the widened weight is
-# written and read again (at 384 rows 274 against 243 GFLOP/s, at 512 254 against 212, at
-# 1,024 244 against 275); an int8-activation panel outruns BLAS at every row count.
+# written and read again (9 repeats: at 320 rows 284 against 230 GFLOP/s, at 384 272 against
+# 243, at 512 237 against 262); an int8-activation panel outruns BLAS at every row count.
 # benchmarks/linear.py measures both sides of these thresholds.
 PACKED_MAX_ROWS = 256
-QUANTIZED_PACKED_MAX_ROWS = 512
+QUANTIZED_PACKED_MAX_ROWS = 384
 
 
 def packed_max_rows(packed: torch.Tensor) -> int:
