@@ -204,22 +204,22 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
     // scores[j]: key first + j against every head. All kChunk keys of the chunk, n or not: a
     // constant trip count keeps the 16 sums in registers (a loop to n kept them in memory, a
     // load and a store for every FMA), and the chunk lies within one cache block, so the keys
-    // past n are readable; their scores are never used.
-    // Keys stored densely (token stride D, the cache's own layout) are addressed from one
-    // pointer with constant offsets; sixteen strided pointers would not fit the registers.
+    // past n are readable; their scores are never used. Keys stored densely (token stride D,
+    // the cache's own layout) are addressed from one pointer with constant offsets: sixteen
+    // strided pointers would not fit the registers. Inlined by force: called out of line, the
+    // lambda reached the sums through memory again (a quarter slower).
     vec scores[kChunk];
-    for (int j = 0; j < kChunk; ++j) scores[j] = zero();
-    if (token_stride == D) {
+    auto score_chunk = [&](auto stride) __attribute__((always_inline)) {
+      for (int j = 0; j < kChunk; ++j) scores[j] = zero();
       for (int64_t d = 0; d < D; ++d) {
         const vec q = load(qt + d * kChunk);
-        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * D + d])), q, scores[j]);
+        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * stride + d])), q, scores[j]);
       }
-    } else {
-      for (int64_t d = 0; d < D; ++d) {
-        const vec q = load(qt + d * kChunk);
-        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * token_stride + d])), q, scores[j]);
-      }
-    }
+    };
+    if (token_stride == D)
+      score_chunk(std::integral_constant<int64_t, D>{});
+    else
+      score_chunk(token_stride);
     __mmask16 seen[kChunk];  // lanes whose row sees key first + j
     vec chunk_max = set1(kFloor);
     for (int64_t j = 0; j < n; ++j) {

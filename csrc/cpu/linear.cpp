@@ -249,16 +249,18 @@ inline void tile_accumulate_rows(int rows, std::integer_sequence<int, R...>, con
   ((rows == R + 1 ? tile_accumulate<R + 1>(x, ldx, w, kn, acc_buf, first) : void()), ...);
 }
 
-// Groups [g0, g1) of a quantized panel widened to float32 [(g1 - g0) · 32][32] in dst.
+// Groups [g0, g1) of 32 k of a panel (the last may be short when K is not a multiple of 32,
+// for float formats) widened to float32 [k - 32 g0][32] in dst: for quantized_panel_rows, and
+// the whole panel for unpack_linear_weight.
 template <typename Format>
-void widen_groups(const uint8_t* panel, int64_t g0, int64_t g1, float* dst) {
+void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float* dst) {
   constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = panel + g * Format::kGroupBytes;
     for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
     const GroupReader<Format> reader(group);
-    for (int64_t kk = 0; kk < kGroup; ++kk) {
+    for (int64_t kk = 0; kk < std::min(kGroup, K - g * kGroup); ++kk) {
       vec w[kVecs];
       reader.row(kk, w);
       for (int v = 0; v < kVecs; ++v) store(dst + ((g - g0) * kGroup + kk) * kPanel + v * kLanes, w[v]);
@@ -283,7 +285,7 @@ void quantized_panel_rows(const float* x, int64_t M, int64_t K, const uint8_t* p
   const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
   for (int64_t g0 = 0; g0 < K / kGroup; g0 += kChunkGroups) {
     const int64_t g1 = std::min(K / kGroup, g0 + kChunkGroups);
-    widen_groups<Format>(panel, g0, g1, chunk);
+    widen_groups<Format>(panel, K, g0, g1, chunk);
     for (int64_t t = 0, m = 0; t < tiles; ++t) {
       const int64_t rows = (M - m) / (tiles - t);
       tile_accumulate_rows(static_cast<int>(rows), std::make_integer_sequence<int, kMaxRows>{},
@@ -298,19 +300,6 @@ void quantized_panel_rows(const float* x, int64_t M, int64_t K, const uint8_t* p
       for (int64_t c = 0; c < cols; ++c) o[c] = a[c] + bias[c];
     else
       std::memcpy(o, a, cols * sizeof(float));
-  }
-}
-
-// A panel widened to float32 [K][32], for unpack_linear_weight.
-template <typename Format>
-void widen_panel(const uint8_t* panel, int64_t K, float* dst) {
-  for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
-    const GroupReader<Format> reader(panel + k0 / kGroup * Format::kGroupBytes);
-    for (int64_t kk = 0; kk < std::min(kGroup, K - k0); ++kk) {
-      vec w[kVecs];
-      reader.row(kk, w);
-      for (int v = 0; v < kVecs; ++v) store(dst + (k0 + kk) * kPanel + v * kLanes, w[v]);
-    }
   }
 }
 
@@ -705,7 +694,7 @@ at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N) {
     at::parallel_for(0, packed.size(0), 1, [&](int64_t p0, int64_t p1) {
       std::vector<float> widened(K * kPanel);
       for (int64_t p = p0; p < p1; ++p) {
-        widen_panel<Format>(src + p * panel_bytes, K, widened.data());
+        widen_groups<Format>(src + p * panel_bytes, K, 0, (K + kGroup - 1) / kGroup, widened.data());
         for (int64_t c = 0; c < std::min(kPanel, N - p * kPanel); ++c) {
           float* row = dst + (p * kPanel + c) * K;
           for (int64_t k = 0; k < K; ++k) row[k] = widened[k * kPanel + c];
