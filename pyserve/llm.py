@@ -41,12 +41,16 @@ class LLM:
             return self._token_ids(prompt["prompt"])
         return None, list(prompt)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation_config.json defaults, as vLLM's."""
+        return SamplingParams(**self.engine.generation_defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         # offline use wants only each request's final output
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]

@@ -16,7 +16,7 @@ def test_defaults_and_sections():
     assert config.cache.block_size == 16 and config.cache.enable_prefix_caching
     assert config.scheduler.max_num_batched_tokens is None and config.scheduler.max_num_seqs is None
     assert config.parallel.tensor_parallel_size == 1
-    assert (config.server.host, config.server.port) == ("127.0.0.1", 8000)
+    assert (config.server.host, config.server.port) == ("0.0.0.0", 8000)  # every interface, as vLLM
 
 
 def test_flags_reach_their_sections(tmp_path):

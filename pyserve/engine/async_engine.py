@@ -157,16 +157,17 @@ class AsyncEngine:
             if not batch:  # nothing fits this instant; let aborts and arrivals happen
                 await asyncio.sleep(0)
                 continue
-            prepared = self.core.prepare(batch)
-            t1 = time.perf_counter()
             try:
+                prepared = self.core.prepare(batch)
+                t1 = time.perf_counter()
                 result = await self._run_step(loop, prepared)
+                t2 = time.perf_counter()
+                outputs = self.core.process(batch, result)
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
                 self._fail(batch, exc)
                 continue
-            t2 = time.perf_counter()
-            for output in self.core.process(batch, result):
+            for output in outputs:
                 queue = self._streams.get(output.request_id)
                 if queue is not None:
                     queue.put_nowait(output)

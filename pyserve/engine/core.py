@@ -14,6 +14,7 @@ import torch
 
 from pyserve import _native
 from pyserve.config import Config, SchedulerConfig
+from pyserve.engine.generation_defaults import load_generation_defaults
 from pyserve.engine.output import Logprob, RequestOutput
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
@@ -113,11 +114,14 @@ class EngineCore:
         self.config = config
         source = resolve_model(config.model)
         self.model_name = source.name
+        self.model_path = source.path
         self.arch = arch = source.arch
         self.dtype, self.weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, self.device)
         self.max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
         self.tokenizer = load_tokenizer(source.tokenizer_path)
         self.eos_token_ids = self._eos_ids(source)
+        # what a request (or LLM.generate without SamplingParams) leaves out
+        self.generation_defaults = load_generation_defaults(config.model.generation_config, source.path)
         tp = config.parallel.tensor_parallel_size
         check_tensor_parallel(arch, tp)
         executor_cls = executor_class(config.parallel)
@@ -196,6 +200,8 @@ class EngineCore:
         if self.kv.blocks_for(n + max_tokens) > self.kv.num_blocks:
             raise ValueError(f"{n + max_tokens} tokens cannot fit in the whole KV cache "
                              f"({self.kv.num_blocks * self.kv.block_size} tokens)")
+        if any(not 0 <= t < vocab for t in params.logit_bias or ()):
+            raise ValueError(f"logit_bias contains out-of-vocab token ids. Vocabulary size: {vocab}")
         limit = self.config.model.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
@@ -209,6 +215,9 @@ class EngineCore:
         if request_id in self._groups:
             raise ValueError(f"request_id '{request_id}' is already in use")
         max_tokens = self._check_admissible(prompt_token_ids, params)
+        if priority != 0 and self.config.scheduler.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} was given, but priority scheduling is not "
+                             "enabled (--scheduling-policy priority)")
         children = []
         for index in range(params.n):
             child_params = RequestGroup.child_params(params, index)

@@ -49,7 +49,7 @@ def build_metadata(requests: list, vocab: int, device: torch.device) -> Sampling
     params = [r.params for r in requests]
     f32 = dict(dtype=torch.float32, device=device)
     greedy = [p.greedy for p in params]
-    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
     bias_rows, bias_ids, bias_values = [], [], []
     for row, r in enumerate(requests):
         for token, value in (r.params.logit_bias or {}).items():

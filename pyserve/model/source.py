@@ -85,4 +85,4 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
         raise ModelLoadError(f"no tokenizer in '{tokenizer_path}' (looked for "
                              f"{', '.join(_TOKENIZER_FILES)}); pass --tokenizer DIR")
     return ModelSource(path=path, tokenizer_path=tokenizer_path, arch=arch, hf_config=hf_config,
-                       name=cfg.served_model_name or default_name, gguf_path=gguf_path)
+                       name=cfg.served_model_name[0] if cfg.served_model_name else default_name, gguf_path=gguf_path)

@@ -29,7 +29,6 @@ from pyserve.server.router import Router, normalize_path
 logger = logging.getLogger("pyserve")
 
 # Answered without an API key.
-PUBLIC_PATHS = frozenset({"/health", "/ping", "/version"})
 # /health turns 503 when work is pending and no step has finished for this long (the longest
 # CPU step, a full 2048-token prefill of a 135M model, takes about 5 s on two cores).
 STALL_LIMIT_S = 60.0
@@ -65,7 +64,7 @@ class ServerState:
         if self.phase != "ready":
             return error_response(503, f"the server is {self.phase}")
         key = self.config.server.api_key
-        if key is not None and path not in PUBLIC_PATHS:
+        if key is not None and (path == "/v1" or path.startswith("/v1/")):  # vLLM guards /v1 only
             given = request.headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 return error_response(401, "missing or invalid API key")
@@ -98,7 +97,8 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _build_routes(state: ServerState, engine, model_name: str, max_model_len: int) -> Router:
+def _build_routes(state: ServerState, engine, model_name: str, max_model_len: int,
+                  model_root: str) -> Router:
     from pyserve.server.openai.serving import OpenAIServing
 
     serving = OpenAIServing(engine, model_name, state.config.server)
@@ -106,8 +106,8 @@ def _build_routes(state: ServerState, engine, model_name: str, max_model_len: in
 
     async def models(request: Request) -> Response:
         return Response(200, orjson.dumps({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": 0, "owned_by": "pyserve",
-            "root": model_name, "max_model_len": max_model_len}]}))
+            "id": model_name, "object": "model", "created": int(time.time()), "owned_by": "pyserve",
+            "root": model_root, "parent": None, "max_model_len": max_model_len}]}))
 
     from pyserve.server.metrics import metrics_handler
 
@@ -181,7 +181,8 @@ async def serve(config: Config) -> int:
     engine.start()
     engine.last_progress = time.monotonic()
     state.engine = engine
-    state.router = _build_routes(state, engine, core.model_name, core.max_model_len)
+    state.router = _build_routes(state, engine, core.model_name, core.max_model_len,
+                                 str(core.model_path))
     state.phase = "ready"
     gc.freeze()
     logger.info("start-up: ready in %.2fs; serving %s on http://%s:%d", time.perf_counter() - t0,

@@ -42,10 +42,17 @@ def load_transformers_tokenizer(path: Path):
 
 
 def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                        chat_template: str | None = None, **template_kwargs) -> list[int]:
-    """Renders in transformers' sandboxed Jinja environment and tokenizes."""
+                        chat_template: str | None = None, add_special_tokens: bool = False,
+                        **template_kwargs) -> list[int]:
+    """Renders in transformers' sandboxed Jinja environment and tokenizes; the template writes
+    the special tokens itself, so add_special_tokens (vLLM's chat default: off) adds them again."""
     if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
+    if add_special_tokens:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             tokenize=False, chat_template=chat_template,
+                                             **template_kwargs)
+        return list(tokenizer.encode(text, add_special_tokens=True))
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                         tokenize=True, chat_template=chat_template,
                                         **template_kwargs)

@@ -20,7 +20,8 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "--port", str(self.port), *flags],
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "--host", "127.0.0.1",
+                                      "--port", str(self.port), *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

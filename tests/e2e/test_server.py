@@ -133,6 +133,9 @@ def test_api_key(default_model_dir):
         assert good.models.list().data[0].id == "house-model"
         status, body = raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 200 and body == {"status": "ok"}
+        # as in vLLM, the key guards /v1 only: a Prometheus scraper needs none
+        status, _, _ = http_json(srv, "GET", "/metrics")
+        assert status == 200
     finally:
         assert srv.stop() == 0
 
@@ -221,10 +224,11 @@ def test_batched_and_token_prompts_text_parts_and_stop_reason(client):
                                     temperature=0)
     assert ids.usage.prompt_tokens == 4
     parts = client.chat.completions.create(model=MODEL, max_tokens=5, temperature=0, messages=[
-        {"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                      {"type": "text", "text": "of France?"}]}])
     plain = client.chat.completions.create(model=MODEL, max_tokens=5, temperature=0, messages=[
-        {"role": "user", "content": "What is the capital of France?"}])
+        {"role": "user", "content": "What is the capital\nof France?"}])  # parts join with newlines, as in vLLM
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
     assert parts.choices[0].message.content == plain.choices[0].message.content
     full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     stop = full.choices[0].text.strip().split(",")[1].strip() or "5"

@@ -174,3 +174,25 @@ def test_step_limits_default_per_device(llm, model_dir):
     from pyserve.engine.core import resolve_step_limits
     cuda = resolve_step_limits(SchedulerConfig(), torch.device("cuda"))
     assert (cuda.max_num_seqs, cuda.max_num_batched_tokens) == (256, 2048)
+
+
+def test_generation_config_supplies_the_defaults(model_dir, tmp_path):
+    """vLLM's --generation-config auto: generation_config.json's sampling values stand in for
+    what the caller leaves out; `vllm` ignores them."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.0, "max_new_tokens": 5, "top_k": 7, "do_sample": True}))
+    llm = LLM(str(model), kv_cache_memory="16MiB", max_model_len=256)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.max_tokens, defaults.top_k) == (0.0, 5, 7)
+    out = llm.generate(PROMPTS[0])[0].outputs[0]
+    greedy = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0]
+    assert out.token_ids == greedy.token_ids and len(out.token_ids) <= 5
+    llm.shutdown()
+    plain = LLM(str(model), kv_cache_memory="16MiB", max_model_len=256, generation_config="vllm")
+    assert plain.get_default_sampling_params() == SamplingParams()
+    plain.shutdown()

@@ -1,4 +1,7 @@
-"""OpenAI request fields (plus vLLM's extras) -> SamplingParams, with 400s naming the field."""
+"""OpenAI request fields (plus vLLM's extras) -> SamplingParams, with 400s naming the field.
+
+Types are read as vLLM's pydantic models read them in lax mode: an integral float or a string
+of digits is an int, "true"/"false" is a bool, and ints are floats; anything else is a 400."""
 
 from __future__ import annotations
 
@@ -7,16 +10,67 @@ from typing import Any
 from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.server.errors import APIError
 
-_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-           "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
-           "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
-           "spaces_between_special_tokens", "prompt_logprobs")
+_INT64 = (-2**63, 2**63 - 1)
+
+# SamplingParams fields a request may set, with their JSON types
+_FIELDS = {"n": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+           "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float,
+           "seed": int, "stop": (str, list), "stop_token_ids": list, "ignore_eos": bool,
+           "min_tokens": int, "logit_bias": dict, "skip_special_tokens": bool,
+           "include_stop_str_in_output": bool, "spaces_between_special_tokens": bool,
+           "prompt_logprobs": int}
+
+# Fields vLLM answers with a constrained or different output; pyserve has no structured-output
+# backend, so they are refused instead of silently ignored.
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+           "allowed_token_ids", "bad_words")
 
 
-def field(body: dict, name: str, kinds: tuple, default: Any = None) -> Any:
-    value = body.get(name, default)
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(400, f"'{name}' must be an integer, got {value!r}", name)
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise APIError(400, f"'{name}' is out of the 64-bit integer range", name)
+    return value
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, f"'{name}' must be a number, got {value!r}", name)
+    return float(value)
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    if not isinstance(value, bool):
+        raise APIError(400, f"'{name}' must be a boolean, got {value!r}", name)
+    return value
+
+
+def field(body: dict, name: str, kinds, default: Any = None) -> Any:
+    """body[name] read as kinds (a type or a tuple of types); absent or null gives default."""
+    value = body.get(name)
     if value is None:
         return default
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if kinds == (int,):
+        return _as_int(name, value)
+    if kinds == (float,):
+        return _as_float(name, value)
+    if kinds == (bool,):
+        return _as_bool(name, value)
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         raise APIError(400, f"'{name}' has the wrong type", name)
     return value
@@ -27,20 +81,67 @@ MAX_N = 128
 MAX_STOP = 64
 
 
-def _check_caps(body: dict) -> None:
-    n = body.get("n")
-    if isinstance(n, int) and n > MAX_N:
+def _check_caps(values: dict) -> None:
+    n = values.get("n")
+    if n is not None and n > MAX_N:
         raise APIError(400, f"n must be at most {MAX_N}, got {n}", "n")
     for name in ("stop", "stop_token_ids"):
-        value = body.get(name)
+        value = values.get(name)
         if isinstance(value, list) and len(value) > MAX_STOP:
             raise APIError(400, f"{name} may hold at most {MAX_STOP} entries, got {len(value)}", name)
+    for t in values.get("stop_token_ids") or ():
+        _as_int("stop_token_ids", t)
 
 
-def sampling_params(body: dict, logprobs: int | None, stream: bool) -> SamplingParams:
-    _check_caps(body)
-    values = {k: body[k] for k in _FIELDS if body.get(k) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+def check_unsupported(body: dict, stream: bool) -> None:
+    """What vLLM refuses, or what would change the output in a way pyserve cannot honour."""
+    best_of = field(body, "best_of", int)
+    if best_of is not None and best_of > 1:
+        raise APIError(400, "best_of > 1 is not supported (as in vLLM's V1 engine)", "best_of")
+    if body.get("suffix") is not None:
+        raise APIError(400, "suffix is not currently supported", "suffix")
+    response_format = body.get("response_format")
+    if response_format is not None:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind != "text":
+            raise APIError(400, f"response_format of type {kind!r} is not supported by this server "
+                           "(no structured-output backend); only {\"type\": \"text\"}",
+                           "response_format")
+    for name in _GUIDED:
+        if body.get(name) is not None:
+            raise APIError(400, f"{name} is not supported by this server (no structured-output "
+                           "backend)", name)
+    if stream and body.get("prompt_logprobs") is not None:
+        raise APIError(400, "prompt_logprobs are not available when stream is enabled",
+                       "prompt_logprobs")
+
+
+def requested_max_tokens(body: dict, chat: bool) -> int | None:
+    """Chat: max_completion_tokens, else max_tokens, else the model length (None). Completions:
+    max_tokens, 16 when absent (OpenAI's and vLLM's default), the model length when null."""
+    if chat:
+        value = field(body, "max_completion_tokens", int)
+        return value if value is not None else field(body, "max_tokens", int)
+    if "max_tokens" not in body:
+        return 16
+    return field(body, "max_tokens", int)
+
+
+def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
+                    defaults: dict | None = None, max_tokens: int | None = -1) -> SamplingParams:
+    """defaults: the model's generation_config values for fields the request leaves out;
+    max_tokens: -1 reads it from the body."""
+    values = {name: field(body, name, kind) for name, kind in _FIELDS.items()}
+    values = {k: v for k, v in values.items() if v is not None}
+    _check_caps(values)
+    if max_tokens == -1:
+        max_tokens = requested_max_tokens(body, chat)
+    defaults = dict(defaults or {})
+    cap = defaults.pop("max_tokens", None)  # generation_config's max_new_tokens caps the request
+    if cap is not None:
+        max_tokens = cap if max_tokens is None else min(max_tokens, cap)
+    for name, value in defaults.items():
+        values.setdefault(name, value)
     try:
         return SamplingParams(
             **values, max_tokens=max_tokens, logprobs=logprobs,

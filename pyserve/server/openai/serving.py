@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,7 +16,8 @@ from pyserve.config import ServerConfig
 from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from pyserve.server.errors import APIError, error_body
 from pyserve.server.http import Request, Response, StreamingResponse
-from pyserve.server.openai.params import field, sampling_params
+from pyserve.server.openai.params import (check_unsupported, field, requested_max_tokens,
+                                          sampling_params)
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 
@@ -39,13 +41,18 @@ def _load_template(value: str | None) -> str | None:
     return path.read_text() if path.is_file() else value
 
 
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, model_name: str, config: ServerConfig):
         self.engine = engine
         self.model_name = model_name
+        self.aliases = engine.core.config.model.served_model_name or ()
         self.tokenizer = engine.core.tokenizer
         self.max_queued = config.max_num_queued_requests
         self.chat_template = _load_template(config.chat_template)
+        self.defaults = engine.core.generation_defaults  # the model's generation_config.json
 
     async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) < _OFF_LOOP_CHARS:
@@ -62,9 +69,20 @@ class OpenAIServing:
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model != self.model_name:
+        if model not in (None, "") and model != self.model_name and model not in self.aliases:  # "" means the served model, as in vLLM
             raise APIError(404, f"the model '{model}' does not exist", "model")
         return body
+
+    def _truncate(self, body: dict, ids: list[int]) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last k tokens (-1: the model length)."""
+        k = field(body, "truncate_prompt_tokens", int)
+        if k is None:
+            return ids
+        if k < -1 or k == 0:
+            raise APIError(400, f"truncate_prompt_tokens must be -1 or positive, got {k}",
+                           "truncate_prompt_tokens")
+        k = self.engine.core.max_model_len if k == -1 else k
+        return ids[-k:]
 
     async def _prompts(self, body: dict) -> list[tuple[str | None, list[int]]]:
         prompt = body.get("prompt")
@@ -77,46 +95,100 @@ class OpenAIServing:
         else:
             raise APIError(400, "'prompt' must be a non-empty string, token list, or a list of them",
                            "prompt")
+        add_special = field(body, "add_special_tokens", bool, True)
         out = []
         for p in prompts:
             if isinstance(p, str):
-                out.append((p, await self._encode(p)))
+                ids = self._truncate(body, await self._encode(p, add_special))
+                out.append((p, ids))
             elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                out.append((None, list(p)))
+                out.append((None, self._truncate(body, list(p))))
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
+        if "truncate_prompt_tokens" in body:  # the text no longer matches the ids
+            out = [(None, ids) for _, ids in out]
         return out
 
-    async def _chat_prompt(self, body: dict) -> list[int]:
+    def _messages(self, body: dict) -> list[dict]:
+        """The conversation as plain data for the template: text parts joined with newlines (as
+        vLLM joins them), tool calls and tool results passed through."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError(400, "'messages' must be a non-empty list", "messages")
         cleaned = []
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
-                raise APIError(400, "each message needs a role of system, user or assistant", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in _ROLES:
+                raise APIError(400, f"messages[{i}] needs a role, one of {', '.join(_ROLES)}", "messages")
             content = m.get("content")
             if isinstance(content, list):
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise APIError(400, "only text content parts are supported", "messages")
-                content = "".join(p.get("text", "") for p in content)
+                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise APIError(400, f"messages[{i}]: only text content parts "
+                                   "({\"type\": \"text\", \"text\": ...}) are supported", "messages")
+                content = "\n".join(p["text"] for p in content)
+            if content is None and (m["role"] == "assistant" or m.get("tool_calls")):
+                content = ""  # an assistant turn that only calls tools
             if not isinstance(content, str):
-                raise APIError(400, "message content must be a string or text parts", "messages")
-            cleaned.append({"role": "system" if m["role"] == "developer" else m["role"],
-                            "content": content})
-        template = field(body, "chat_template", (str,)) or self.chat_template
-        kwargs = field(body, "chat_template_kwargs", (dict,), {})
-        add_generation_prompt = field(body, "add_generation_prompt", (bool,), True)
+                raise APIError(400, f"messages[{i}]: content must be a string or a list of text parts",
+                               "messages")
+            message = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+            for key in ("name", "tool_calls", "tool_call_id"):
+                if m.get(key) is not None:
+                    message[key] = m[key]
+            cleaned.append(message)
+        return cleaned
+
+    def _tools(self, body: dict) -> list | None:
+        """vLLM's rules without a tool-call parser: tools reach the template only with
+        tool_choice "none"; "auto" (the default when tools are given), "required" and a named
+        tool need a parser or guided decoding, which pyserve does not have."""
+        tools = body.get("tools")
+        choice = body.get("tool_choice")
+        if tools is not None and not isinstance(tools, list):
+            raise APIError(400, "'tools' must be a list", "tools")
+        if not tools:
+            if choice not in (None, "none"):
+                raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
+            return None
+        if choice is None or choice == "auto":
+            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                           "--tool-call-parser to be set, which this server does not support; "
+                           'send tool_choice "none" to show the tools to the model', "tool_choice")
+        if choice != "none":
+            raise APIError(400, "tool_choice \"required\" or a named tool needs guided decoding, "
+                           "which this server does not support", "tool_choice")
+        return tools
+
+    async def _chat_prompt(self, body: dict) -> list[int]:
+        cleaned = self._messages(body)
+        template = field(body, "chat_template", str) or self.chat_template
+        kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
+        add_generation_prompt = field(body, "add_generation_prompt", bool, True)
+        continue_final = field(body, "continue_final_message", bool, False)
+        if continue_final and add_generation_prompt:
+            raise APIError(400, "Cannot set both `continue_final_message` and "
+                           "`add_generation_prompt` to True.", "continue_final_message")
+        if continue_final:
+            kwargs["continue_final_message"] = True
+        tools = self._tools(body)
+        if tools is not None:
+            kwargs["tools"] = tools
+        if body.get("documents") is not None:
+            kwargs["documents"] = body["documents"]
+        add_special = field(body, "add_special_tokens", bool, False)
 
         def render() -> list[int]:
             return apply_chat_template(self.tokenizer, cleaned, add_generation_prompt,
-                                       chat_template=template, **kwargs)
+                                       chat_template=template, add_special_tokens=add_special,
+                                       **kwargs)
         try:
             if sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
-                return render()
-            return await asyncio.get_running_loop().run_in_executor(None, render)
+                ids = render()
+            else:
+                ids = await asyncio.get_running_loop().run_in_executor(None, render)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
+        return self._truncate(body, ids)
 
     # -- generation ------------------------------------------------------------------------------
     def _start(self, prompts, params, request_id: str, priority: int) -> list:
@@ -130,7 +202,7 @@ class OpenAIServing:
             for i, (text, ids) in enumerate(prompts):
                 rid = f"{request_id}-{i}"
                 streams.append((rid, self.engine.add_request(ids, params, rid, text, priority)))
-        except ValueError as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             for rid, _ in streams:
                 self.engine.abort(rid)
             raise APIError(400, str(exc), _param_of(str(exc))) from None
@@ -140,58 +212,102 @@ class OpenAIServing:
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
         body = self._body(request)
-        stream = field(body, "stream", (bool,), False)
-        params = sampling_params(body, field(body, "logprobs", (int,)), stream)
+        stream = field(body, "stream", bool, False)
+        check_unsupported(body, stream)
+        logprobs = field(body, "logprobs", int)
+        echo = field(body, "echo", bool, False)
+        max_tokens = requested_max_tokens(body, chat=False)
+        # vLLM: echo with max_tokens 0 scores the prompt alone (one token is generated, unshown)
+        echo_only = echo and max_tokens == 0
+        params = sampling_params(body, logprobs, stream, chat=False, defaults=self.defaults,
+                                 max_tokens=1 if echo_only else max_tokens)
+        if echo and logprobs is not None and params.prompt_logprobs is None:
+            params = dataclasses.replace(params, prompt_logprobs=logprobs)  # echoed tokens are scored
         prompts = await self._prompts(body)
-        return await self._respond(body, prompts, params, stream, chat=False)
+        return await self._respond(body, prompts, params, stream, chat=False,
+                                   echo=echo, echo_only=echo_only)
 
     async def chat(self, request: Request) -> Response | StreamingResponse:
         body = self._body(request)
-        stream = field(body, "stream", (bool,), False)
-        logprobs = field(body, "top_logprobs", (int,), 0) if field(body, "logprobs", (bool,)) else None
-        params = sampling_params(body, logprobs, stream)
+        stream = field(body, "stream", bool, False)
+        check_unsupported(body, stream)
+        top_logprobs = field(body, "top_logprobs", int)
+        if top_logprobs is not None and top_logprobs < 0:
+            raise APIError(400, f"top_logprobs must be non-negative, got {top_logprobs}", "top_logprobs")
+        wants_logprobs = field(body, "logprobs", bool, False)
+        if top_logprobs and not wants_logprobs:
+            raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                           "top_logprobs")
+        params = sampling_params(body, (top_logprobs or 0) if wants_logprobs else None, stream,
+                                 chat=True, defaults=self.defaults)
         return await self._respond(body, [(None, await self._chat_prompt(body))], params, stream,
                                    chat=True)
 
-    async def _respond(self, body, prompts, params, stream: bool, chat: bool):
+    async def _respond(self, body, prompts, params, stream: bool, chat: bool, echo: bool = False,
+                       echo_only: bool = False):
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        streams = self._start(prompts, params, request_id, field(body, "priority", (int,), 0))
-        echo = not chat and field(body, "echo", (bool,), False)
+        streams = self._start(prompts, params, request_id, field(body, "priority", int, 0))
         meta = {"id": request_id, "created": int(time.time()), "model": self.model_name,
                 "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
+                "prompt_ids": [ids for _, ids in prompts], "echo_only": echo_only,
+                "logprobs": params.logprobs,
                 # completions' echo: the prompt text leads each choice's text
                 "echo": [text if text is not None else self.tokenizer.decode(ids)
                          for text, ids in prompts] if echo else None}
         if stream:
-            options = field(body, "stream_options", (dict,), {})
-            return StreamingResponse(200, self._stream(
-                streams, meta, bool(options.get("include_usage")),
-                bool(options.get("continuous_usage_stats"))))
+            options = field(body, "stream_options", dict)
+            # vLLM: stream_options given means usage unless include_usage is false
+            include_usage = options is not None and field(options, "include_usage", bool, True)
+            continuous = include_usage and field(options, "continuous_usage_stats", bool, False)
+            return StreamingResponse(200, self._stream(streams, meta, include_usage, continuous))
         try:
             return await self._collect(streams, meta)
         finally:  # the client went away, or a bug: nothing may keep running
             for rid, _ in streams:
                 self.engine.abort(rid)
 
+    def _echoed(self, meta, p: int, c, prompt_logprobs) -> tuple[str, dict | None, int]:
+        """A completions choice with echo: (text, logprobs, generated tokens shown)."""
+        prompt_ids = meta["prompt_ids"][p]
+        shown = [] if meta["echo_only"] else c.token_ids
+        text = meta["echo"][p] + ("" if meta["echo_only"] else c.text)
+        if meta["logprobs"] is None:
+            return text, None, len(shown)
+        positions = list(prompt_logprobs or [None] * len(prompt_ids))
+        token_ids = list(prompt_ids)
+        if not meta["echo_only"]:
+            positions += c.logprobs or []
+            token_ids += c.token_ids
+        return text, _completion_logprobs(token_ids, positions, self.tokenizer, 0), len(shown)
+
     async def _collect(self, streams, meta) -> Response:
-        choices, completion_tokens = [], 0
+        choices, completion_tokens, prompt_logprobs = [], 0, None
         for p, (_, it) in enumerate(streams):
             final = None
             async for final in it:
                 pass
             for c in final.outputs:
-                completion_tokens += len(c.token_ids)
                 choice = self._choice(meta, p * meta["n"] + c.index, c, final=True)
                 if meta["echo"] is not None:
-                    choice["text"] = meta["echo"][p] + choice["text"]
+                    choice["text"], choice["logprobs"], generated = self._echoed(
+                        meta, p, c, final.prompt_logprobs)
+                    completion_tokens += generated
+                else:
+                    completion_tokens += len(c.token_ids)
                 if final.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = _prompt_logprobs(final.prompt_logprobs, self.tokenizer)
+                    shaped = _prompt_logprobs(final.prompt_logprobs, self.tokenizer)
+                    if meta["chat"]:
+                        prompt_logprobs = shaped  # vLLM: at the top level of a chat response
+                    else:
+                        choice["prompt_logprobs"] = shaped
                 choices.append(choice)
         prompt_tokens = sum(meta["prompt_tokens"])
-        return _json({"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
-                      "created": meta["created"], "model": meta["model"], "choices": choices,
-                      "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                "total_tokens": prompt_tokens + completion_tokens}})
+        response = {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
+                    "created": meta["created"], "model": meta["model"], "choices": choices,
+                    "usage": _usage(prompt_tokens, completion_tokens)}
+        if meta["chat"] and prompt_logprobs is not None:
+            response["prompt_logprobs"] = prompt_logprobs
+        return _json(response)
 
     async def _stream(self, streams, meta, include_usage: bool,
                       continuous_usage: bool) -> AsyncIterator[bytes]:
@@ -209,7 +325,9 @@ class OpenAIServing:
         tasks = [asyncio.ensure_future(pump(p, it)) for p, (_, it) in enumerate(streams)]
         obj = "chat.completion.chunk" if meta["chat"] else "text_completion"
         head = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
-        completion_tokens, open_streams, started = 0, len(tasks), set()
+        open_streams, started = len(tasks), set()
+        generated: dict[int, int] = {}  # tokens streamed, per choice
+        text_offsets: dict[int, int] = {}  # characters streamed, per choice (completions' text_offset)
         try:
             while open_streams:
                 p, out = await queue.get()
@@ -221,24 +339,35 @@ class OpenAIServing:
                     break
                 for c in out.outputs:
                     index = p * meta["n"] + c.index
-                    completion_tokens += len(c.token_ids)
+                    prompt_tokens = meta["prompt_tokens"][p]
                     if meta["chat"] and index not in started:
                         started.add(index)
-                        yield _sse({**head, "choices": [{"index": index, "logprobs": None, "finish_reason": None,
-                                                         "delta": {"role": "assistant", "content": ""}}]})
+                        role = {**head, "choices": [{"index": index, "logprobs": None, "finish_reason": None,
+                                                     "delta": {"role": "assistant", "content": ""}}]}
+                        if continuous_usage:
+                            role["usage"] = _usage(prompt_tokens, 0)
+                        yield _sse(role)
                     choice = self._choice(meta, index, c, final=False)
+                    shown = len(c.token_ids)
                     if meta["echo"] is not None and index not in started:
                         started.add(index)
-                        choice["text"] = meta["echo"][p] + choice["text"]
+                        choice["text"], choice["logprobs"], shown = self._echoed(
+                            meta, p, c, out.prompt_logprobs)
+                    elif meta["echo_only"]:
+                        choice["text"], choice["logprobs"], shown = "", None, 0
+                    elif not meta["chat"] and c.logprobs is not None:
+                        choice["logprobs"] = _completion_logprobs(
+                            c.token_ids, c.logprobs, self.tokenizer, text_offsets.get(index, 0))
+                    if not meta["chat"]:
+                        text_offsets[index] = text_offsets.get(index, 0) + len(choice["text"])
+                    generated[index] = generated.get(index, 0) + shown
                     chunk = {**head, "choices": [choice]}
-                    if include_usage and continuous_usage:
-                        chunk["usage"] = _usage(meta["prompt_tokens"][p], completion_tokens)
+                    if continuous_usage:
+                        chunk["usage"] = _usage(prompt_tokens, generated[index])
                     yield _sse(chunk)
             if include_usage:
-                prompt_tokens = sum(meta["prompt_tokens"])
-                yield _sse({**head, "choices": [], "usage": {
-                    "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens}})
+                yield _sse({**head, "choices": [], "usage": _usage(
+                    sum(meta["prompt_tokens"]), sum(generated.values()))})
             yield b"data: [DONE]\n\n"
         finally:
             for t in tasks:
@@ -256,8 +385,10 @@ class OpenAIServing:
                 raise APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
             add_special = field(body, "add_special_tokens", (bool,), True)
             tokens = await self._encode(prompt, add_special)
+        strs = ([self.tokenizer.convert_ids_to_tokens(t) for t in tokens]
+                if field(body, "return_token_strs", bool, False) else None)
         return _json({"count": len(tokens), "max_model_len": self.engine.core.max_model_len,
-                      "tokens": tokens})
+                      "tokens": tokens, "token_strs": strs})
 
     async def detokenize(self, request: Request) -> Response:
         body = self._body(request)
@@ -270,7 +401,7 @@ class OpenAIServing:
 
     def _choice(self, meta, index: int, c, final: bool) -> dict:
         choice = {"index": index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                  "logprobs": self._logprobs(c, meta["chat"])}
+                  "logprobs": self._logprobs(c, meta["chat"], meta["logprobs"] or 0)}
         if meta["chat"]:
             key = "message" if final else "delta"
             choice[key] = {"role": "assistant", "content": c.text} if final else {"content": c.text}
@@ -278,27 +409,50 @@ class OpenAIServing:
             choice["text"] = c.text
         return choice
 
-    def _logprobs(self, c, chat: bool):
+    def _logprobs(self, c, chat: bool, k: int):
         if c.logprobs is None:
             return None
-        if chat:
-            content = []
-            for token, position in zip(c.token_ids, c.logprobs):
-                top = [{"token": lp.decoded_token, "logprob": lp.logprob,
-                        "bytes": list(lp.decoded_token.encode())} for lp in list(position.values())[1:]]
-                chosen = position[token]
-                content.append({"token": chosen.decoded_token, "logprob": chosen.logprob,
-                                "bytes": list(chosen.decoded_token.encode()), "top_logprobs": top})
-            return {"content": content}
-        return {"tokens": [p[t].decoded_token for t, p in zip(c.token_ids, c.logprobs)],
-                "token_logprobs": [p[t].logprob for t, p in zip(c.token_ids, c.logprobs)],
-                "top_logprobs": [{lp.decoded_token: lp.logprob for lp in p.values()} for p in c.logprobs],
-                "text_offset": []}
+        if not chat:
+            return _completion_logprobs(c.token_ids, c.logprobs, self.tokenizer, 0)
+        content = []
+        for token, position in zip(c.token_ids, c.logprobs):
+            # OpenAI's top_logprobs: the k most likely tokens by rank, whether or not the
+            # sampled token is one of them
+            top = sorted((lp for lp in position.values() if lp.rank <= k), key=lambda lp: lp.rank)
+            chosen = position[token]
+            content.append({"token": chosen.decoded_token, "logprob": chosen.logprob,
+                            "bytes": list(chosen.decoded_token.encode()),
+                            "top_logprobs": [{"token": lp.decoded_token, "logprob": lp.logprob,
+                                              "bytes": list(lp.decoded_token.encode())} for lp in top]})
+        return {"content": content}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _completion_logprobs(token_ids, positions, tokenizer, text_offset: int) -> dict:
+    """The completions logprobs object; positions[i] is None where nothing is scored (the first
+    echoed prompt token). text_offset: characters of this choice's text before these tokens."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    for token, position in zip(token_ids, positions):
+        if position is None:
+            text = tokenizer.decode([token])
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            for t, lp in position.items():
+                if lp.decoded_token is None:
+                    lp.decoded_token = tokenizer.decode([t])
+            text = position[token].decoded_token
+            token_logprobs.append(position[token].logprob)
+            top_logprobs.append({lp.decoded_token: lp.logprob for lp in position.values()})
+        tokens.append(text)
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": offsets}
 
 
 def _prompt_logprobs(positions, tokenizer) -> list:
@@ -311,7 +465,7 @@ def _prompt_logprobs(positions, tokenizer) -> list:
 def _param_of(message: str) -> str | None:
     if "max_tokens" in message or "maximum context length" in message:
         return "max_tokens"
-    for name in ("logprobs", "prompt_logprobs", "prompt"):
+    for name in ("logprobs", "prompt_logprobs", "prompt", "priority", "logit_bias", "seed"):
         if message.startswith(name) or f" {name} " in message:
             return name
     return None
