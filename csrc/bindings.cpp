@@ -24,6 +24,13 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
     TORCH_CHECK(key_cache.device() == key.device() && slot_mapping.device() == key.device(),
                 "reshape_and_cache: all tensors must be on one device");
     TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64");
+    // the kernel writes value_cache with key_cache's strides
+    TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+                    value_cache.strides() == key_cache.strides() && key_cache.size(1) == key.size(1) &&
+                    key_cache.size(3) == key.size(2) && value_cache.device() == key.device() &&
+                    value.device() == key.device(),
+                "reshape_and_cache (CUDA): the caches must both be [num_blocks, num_kv_heads, "
+                "block_size, head_size] with one layout, on key's device");
     return cuda::reshape_and_cache(key, value, key_cache, value_cache, slot_mapping);
   }
 #endif
@@ -61,9 +68,14 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
   check_paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens);
 #ifdef PYSERVE_CUDA
-  if (query.is_cuda())
+  if (query.is_cuda()) {
+    // the kernel addresses both caches with key_cache's strides, rows head_size apart
+    TORCH_CHECK(key_cache.strides() == value_cache.strides() && key_cache.stride(2) == key_cache.size(3),
+                "paged_attention (CUDA): key_cache and value_cache must share one layout, rows "
+                "head_size apart");
     return cuda::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc,
                                  seq_lens, scale);
+  }
 #endif
   TORCH_CHECK(query.device().is_cpu(), "paged_attention: no kernel for device ", query.device());
   cpu::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,

@@ -20,6 +20,8 @@ _BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_h
 # name -> (transformers config class name, overrides)
 ARCHES = {
     "llama": ("LlamaConfig", {}),
+    # head_dim 64, a head size the CUDA attention kernel has (64, 128, 256); the others have 16 or 32
+    "llama-hd64": ("LlamaConfig", dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)),
     "llama-tied-mha": ("LlamaConfig", dict(num_key_value_heads=4, tie_word_embeddings=True)),
     "llama3": ("LlamaConfig", dict(
         num_attention_heads=8, num_key_value_heads=1, hidden_size=128, max_position_embeddings=1024,

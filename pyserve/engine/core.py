@@ -38,6 +38,7 @@ from pyserve.tokenizer.tokenizer import load_tokenizer
 logger = logging.getLogger("pyserve")
 
 WARMUP_TOKENS = 16
+CUDA_HEAD_SIZES = (64, 128, 256)  # csrc/cuda/attention.cu's instantiations
 
 
 def resolve_device(name: str) -> torch.device:
@@ -124,6 +125,10 @@ class EngineCore:
         self.generation_defaults = load_generation_defaults(config.model.generation_config, source.path)
         tp = config.parallel.tensor_parallel_size
         check_tensor_parallel(arch, tp)
+        if self.device.type == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES:
+            raise ModelLoadError(f"head_dim {arch.head_dim} is not supported on CUDA (the attention "
+                                 f"kernel has head sizes {', '.join(map(str, CUDA_HEAD_SIZES))}); "
+                                 "use --device cpu")
         executor_cls = executor_class(config.parallel)
         torch.manual_seed(config.model.seed)
 

@@ -14,8 +14,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from pyserve.model.errors import ModelLoadError
 
 # GGUF architecture -> (HF architecture, HF model_type)
@@ -116,6 +114,8 @@ def _config(reader) -> tuple[dict, str]:
 
 
 def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
+    # numpy (with gguf) only when a GGUF is read: the CUDA check machine may lack it
+    import numpy as np
     import torch
     from gguf.quants import dequantize
 
@@ -209,6 +209,7 @@ def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
     Q8_0): linear and embedding weights whose merged parameter is all one such type and whose
     shards split inputs on whole blocks. Everything else loads from the converted float32
     checkpoint."""
+    import numpy as np
     import torch
 
     from pyserve.model.layers.quantized import BLOCK, BLOCK_BYTES, GGUFBlocks

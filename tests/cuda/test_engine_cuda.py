@@ -38,7 +38,8 @@ def tiny_model_dir() -> str:
         from make_tiny_model import make_tiny_model
     except ImportError as exc:
         pytest.skip(f"building the tiny model needs {exc.name}")
-    return str(make_tiny_model(Path(tempfile.mkdtemp(prefix="pyserve-tiny-")), "llama"))
+    # head_dim 64: the CUDA attention kernel has head sizes 64, 128 and 256 only
+    return str(make_tiny_model(Path(tempfile.mkdtemp(prefix="pyserve-tiny-")), "llama-hd64"))
 
 
 def generate(llm: LLM, params=GREEDY):
