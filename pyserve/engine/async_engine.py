@@ -64,14 +64,18 @@ class AsyncEngine:
                 lambda reason: loop.call_soon_threadsafe(self._engine_died, reason))
 
     def _engine_died(self, reason: str) -> None:
-        """A tensor-parallel rank is gone: stop stepping, fail every open stream."""
+        """A tensor-parallel rank is gone, or the step loop cannot go on: stop stepping, fail
+        every open stream."""
         if self.dead_reason is not None:
             return
         self.dead_reason = reason
         if self._task is not None:
             self._task.cancel()
         for request_id, queue in list(self._streams.items()):
-            self.core.abort(request_id)
+            try:
+                self.core.abort(request_id)
+            except Exception:  # the state that killed the engine; the stream still gets told
+                logger.exception("aborting %s after the engine died", request_id)
             queue.put_nowait(EngineDeadError(f"the engine died: {reason}"))
         self.died.set()
 
@@ -93,7 +97,7 @@ class AsyncEngine:
                     prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Admits the request now (ValueError if it can never run) and returns its stream.
         Leaving the iteration early (break, cancellation, a client gone) aborts the request;
-        a stream never iterated must be ended with abort()."""
+        a stream never iterated must be ended with discard()."""
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine died: {self.dead_reason}")
         self.start()
@@ -138,6 +142,12 @@ class AsyncEngine:
         """The request was added and its stream is still open."""
         return request_id in self._streams
 
+    def discard(self, request_id: str) -> None:
+        """Ends a request whose stream nobody will read (never iterated, or already left):
+        aborts it and drops the stream, so neither its blocks nor its queue stay behind."""
+        self.core.abort(request_id)
+        self._streams.pop(request_id, None)
+
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
         queue = self._streams.get(request_id)
@@ -153,11 +163,12 @@ class AsyncEngine:
                 await self._has_work.wait()
                 continue
             t0 = time.perf_counter()
-            batch = self.core.schedule()
-            if not batch:  # nothing fits this instant; let aborts and arrivals happen
-                await asyncio.sleep(0)
-                continue
+            batch = []
             try:
+                batch = self.core.schedule()
+                if not batch:  # nothing fits this instant; let aborts and arrivals happen
+                    await asyncio.sleep(0)
+                    continue
                 prepared = self.core.prepare(batch)
                 t1 = time.perf_counter()
                 result = await self._run_step(loop, prepared)
@@ -165,6 +176,9 @@ class AsyncEngine:
                 outputs = self.core.process(batch, result)
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
+                if not batch:  # the scheduler itself: nothing to blame, nothing can run
+                    self._engine_died(f"scheduling failed: {exc}")
+                    return
                 self._fail(batch, exc)
                 continue
             for output in outputs:
@@ -205,11 +219,17 @@ class AsyncEngine:
         self._last_log, self._last_tokens = t, (prompt, gen)
 
     def _fail(self, batch, exc: Exception) -> None:
-        for request_id in {s.request.group_id for s in batch}:
-            self.core.abort(request_id)
-            queue = self._streams.get(request_id)
-            if queue is not None:
-                queue.put_nowait(EngineDeadError(f"engine step failed: {exc}"))
+        """Fails the step's requests; if even that fails, the engine is dead (every stream
+        gets the error) rather than silently stuck."""
+        try:
+            for request_id in {s.request.group_id for s in batch}:
+                self.core.abort(request_id)
+                queue = self._streams.get(request_id)
+                if queue is not None:
+                    queue.put_nowait(EngineDeadError(f"engine step failed: {exc}"))
+        except Exception as second:
+            logger.exception("failing the step's requests failed")
+            self._engine_died(f"{exc}; then {second}")
 
     @property
     def alive(self) -> bool:

@@ -12,7 +12,8 @@ logger = logging.getLogger("pyserve")
 
 # generation_config.json key -> SamplingParams field
 _KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
-         "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+         "top_p": "top_p", "min_p": "min_p", "presence_penalty": "presence_penalty",
+         "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
 
 
 def load_generation_defaults(setting: str, model_dir: Path) -> dict:

@@ -43,18 +43,29 @@ def test_any_served_name_or_none_is_the_model(client):
     for name in ("smol", ""):
         out = client.completions.create(model=name, prompt="Hi", max_tokens=1)
         assert out.model == MODEL
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [MODEL, "smol"]
 
 
 def test_chat_top_logprobs_are_the_k_most_likely(client):
-    out = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    messages = [{"role": "user", "content": "Write a word."}]
+    greedy = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                            temperature=0, logprobs=True, top_logprobs=3)
+    first = greedy.choices[0].logprobs.content[0]
+    assert first.top_logprobs[0].token == first.token  # the greedy token is the most likely
+    # sampled at a high temperature, tokens outside the top 3 are drawn; the list stays the top 3
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48,
+                                         temperature=2.0, seed=3, logprobs=True, top_logprobs=3)
+    outside = 0
     for position in out.choices[0].logprobs.content:
         top = position.top_logprobs
-        assert len(top) == 3
-        assert top[0].token == position.token and top[0].logprob == position.logprob  # greedy
-        assert top[0].logprob >= top[1].logprob >= top[2].logprob
+        assert len(top) == 3 and top[0].logprob >= top[1].logprob >= top[2].logprob
+        if position.logprob < top[2].logprob:
+            outside += 1
+            assert position.token not in [t.token for t in top] or top[-1].logprob == position.logprob
+    assert outside > 0  # the case that tells "top k by rank" from "sampled token first"
+    sampled = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                             temperature=2.0, seed=3, logprobs=True, top_logprobs=3)
+    assert sampled.choices[0].logprobs.content[0].top_logprobs[0].token == first.token
 
 
 def test_echo_scores_the_prompt(client):
@@ -69,23 +80,33 @@ def test_echo_scores_the_prompt(client):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(n + 2)]
     # max_tokens 0 with echo: the prompt alone, scored (lm-evaluation-harness' loglikelihood)
     only = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
-    assert only.choices[0].text == prompt and only.usage.completion_tokens == 0
+    assert only.choices[0].text == prompt
+    assert only.usage.completion_tokens == 1  # generated and counted, not shown (as vLLM)
     assert only.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
-    streamed = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
-                                              temperature=0, echo=True, logprobs=1, stream=True))
-    first = streamed[0].choices[0]
-    assert first.text.startswith(prompt) and first.logprobs.token_logprobs[0] is None
-    assert "".join(c.choices[0].text for c in streamed if c.choices) == out.choices[0].text
+    # streamed, two choices, a stop string holding text back: each choice gets the prompt's
+    # scores and the same offsets as the whole response
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, n=2,
+                                      echo=True, logprobs=1, stop=["###"])
+    streamed = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                              n=2, echo=True, logprobs=1, stop=["###"], stream=True))
+    for choice in whole.choices:
+        chunks = [c.choices[0] for c in streamed if c.choices and c.choices[0].index == choice.index]
+        assert chunks[0].text.startswith(prompt) and chunks[0].logprobs.token_logprobs[0] is None
+        assert "".join(c.text for c in chunks) == choice.text
+        joined = lambda key: [v for c in chunks if c.logprobs for v in getattr(c.logprobs, key)]
+        assert joined("tokens") == choice.logprobs.tokens
+        assert joined("text_offset") == choice.logprobs.text_offset
+        assert joined("token_logprobs") == pytest.approx(choice.logprobs.token_logprobs, abs=1e-5)
 
 
-def test_stream_options_default_to_usage_counted_per_choice(client):
-    chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, n=2,
-                                            temperature=1.0, seed=1, stream=True, stream_options={},
-                                            extra_body={"ignore_eos": True}))
+def test_stream_usage_when_asked_counted_per_choice(client):
+    stream = dict(model=MODEL, prompt="Hello", max_tokens=3, n=2, temperature=1.0, seed=1,
+                  stream=True, extra_body={"ignore_eos": True})
+    assert all(c.usage is None for c in client.completions.create(**stream, stream_options={}))
+    chunks = list(client.completions.create(**stream, stream_options={"include_usage": True}))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     chunks = list(client.completions.create(
-        model=MODEL, prompt="Hello", max_tokens=3, n=2, temperature=1.0, seed=1, stream=True,
-        stream_options={"continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+        **stream, stream_options={"include_usage": True, "continuous_usage_stats": True}))
     per_choice = {}
     for c in chunks:
         if c.choices:
@@ -108,6 +129,7 @@ def test_stream_options_default_to_usage_counted_per_choice(client):
     ({"priority": 3}, "priority"),
     ({"best_of": 2}, "best_of"),
     ({"n": 1.5}, "n"),
+    ({"stream": True, "stream_options": "yes"}, "stream_options"),
     ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages"),
 ])
@@ -135,6 +157,21 @@ def test_lax_types_tools_shown_with_none_and_tool_turns(server, client):
     assert out.choices[0].finish_reason in ("length", "stop")
 
 
+def test_tool_calls_reach_the_template_with_parsed_arguments(server):
+    template = ("{% for m in messages %}{{ m.role }}:{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}[{{ c.function.name }}"
+                "({{ c.function.arguments.city }})]{% endfor %}\n{% endfor %}")
+    messages = [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c1", "type": "function",
+        "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]}]
+    status, raw, _ = http_json(server, "POST", "/tokenize", {
+        "messages": messages, "chat_template": template, "add_generation_prompt": False,
+        "tools": [{"type": "function", "function": {"name": "weather", "parameters": {}}}]})
+    assert status == 200, raw  # /tokenize renders tools whatever tool_choice says
+    status, text, _ = http_json(server, "POST", "/detokenize", {"tokens": json.loads(raw)["tokens"]})
+    assert json.loads(text)["prompt"] == "assistant:[weather(Paris)]"  # Jinja drops the last newline
+
+
 def test_continue_final_message_extends_the_assistant_turn(server):
     messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there"}]
     status, raw, _ = http_json(server, "POST", "/tokenize", {
@@ -151,11 +188,11 @@ def test_a_huge_top_k_does_not_fail_its_batch(client):
 
     def run(name, top_k):
         results[name] = client.completions.create(
-            model=MODEL, prompt="Hello", max_tokens=8, extra_body={"top_k": top_k, "ignore_eos": True})
+            model=MODEL, prompt="Hello", max_tokens=32, extra_body={"top_k": top_k, "ignore_eos": True})
 
     threads = [threading.Thread(target=run, args=(str(k), k)) for k in (2, 2**62)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert all(r.usage.completion_tokens == 8 for r in results.values())
+    assert all(r.usage.completion_tokens == 32 for r in results.values())

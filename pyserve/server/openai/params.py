@@ -5,12 +5,15 @@ of digits is an int, "true"/"false" is a bool, and ints are floats; anything els
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.server.errors import APIError
 
 _INT64 = (-2**63, 2**63 - 1)
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_TRUE, _FALSE = ("true", "t", "yes", "y", "on", "1"), ("false", "f", "no", "n", "off", "0")
 
 # SamplingParams fields a request may set, with their JSON types
 _FIELDS = {"n": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
@@ -29,7 +32,7 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "st
 def _as_int(name: str, value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+    elif isinstance(value, str) and _INT_TEXT.fullmatch(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise APIError(400, f"'{name}' must be an integer, got {value!r}", name)
@@ -50,8 +53,8 @@ def _as_float(name: str, value: Any) -> float:
 
 
 def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
     if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
         return bool(value)
     if not isinstance(value, bool):
@@ -89,15 +92,15 @@ def _check_caps(values: dict) -> None:
         value = values.get(name)
         if isinstance(value, list) and len(value) > MAX_STOP:
             raise APIError(400, f"{name} may hold at most {MAX_STOP} entries, got {len(value)}", name)
-    for t in values.get("stop_token_ids") or ():
-        _as_int("stop_token_ids", t)
+    if values.get("stop_token_ids"):
+        values["stop_token_ids"] = [_as_int("stop_token_ids", t) for t in values["stop_token_ids"]]
 
 
 def check_unsupported(body: dict, stream: bool) -> None:
     """What vLLM refuses, or what would change the output in a way pyserve cannot honour."""
     best_of = field(body, "best_of", int)
-    if best_of is not None and best_of > 1:
-        raise APIError(400, "best_of > 1 is not supported (as in vLLM's V1 engine)", "best_of")
+    if best_of is not None and best_of > 1:  # vLLM's V1 engine refused it too, before dropping the field
+        raise APIError(400, "best_of > 1 is not supported", "best_of")
     if body.get("suffix") is not None:
         raise APIError(400, "suffix is not currently supported", "suffix")
     response_format = body.get("response_format")
@@ -108,23 +111,22 @@ def check_unsupported(body: dict, stream: bool) -> None:
                            "(no structured-output backend); only {\"type\": \"text\"}",
                            "response_format")
     for name in _GUIDED:
-        if body.get(name) is not None:
+        if body.get(name) not in (None, [], {}, ""):  # empty is vLLM's own default: absent
             raise APIError(400, f"{name} is not supported by this server (no structured-output "
                            "backend)", name)
-    if stream and body.get("prompt_logprobs") is not None:
+    prompt_logprobs = field(body, "prompt_logprobs", int)
+    if stream and prompt_logprobs is not None and prompt_logprobs != 0:
         raise APIError(400, "prompt_logprobs are not available when stream is enabled",
                        "prompt_logprobs")
 
 
 def requested_max_tokens(body: dict, chat: bool) -> int | None:
-    """Chat: max_completion_tokens, else max_tokens, else the model length (None). Completions:
-    max_tokens, 16 when absent (OpenAI's and vLLM's default), the model length when null."""
+    """Chat: max_completion_tokens, else max_tokens, else None (the model's max_new_tokens or
+    the model length). Completions: max_tokens, 16 when absent or null (OpenAI's and vLLM's)."""
     if chat:
         value = field(body, "max_completion_tokens", int)
         return value if value is not None else field(body, "max_tokens", int)
-    if "max_tokens" not in body:
-        return 16
-    return field(body, "max_tokens", int)
+    return field(body, "max_tokens", int, 16)
 
 
 def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
@@ -137,9 +139,9 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
     if max_tokens == -1:
         max_tokens = requested_max_tokens(body, chat)
     defaults = dict(defaults or {})
-    cap = defaults.pop("max_tokens", None)  # generation_config's max_new_tokens caps the request
-    if cap is not None:
-        max_tokens = cap if max_tokens is None else min(max_tokens, cap)
+    fallback = defaults.pop("max_tokens", None)  # generation_config's max_new_tokens, as vLLM:
+    if max_tokens is None:  # only where the request sets no limit
+        max_tokens = fallback
     for name, value in defaults.items():
         values.setdefault(name, value)
     try:

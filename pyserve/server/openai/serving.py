@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -126,26 +127,31 @@ class OpenAIServing:
                     raise APIError(400, f"messages[{i}]: only text content parts "
                                    "({\"type\": \"text\", \"text\": ...}) are supported", "messages")
                 content = "\n".join(p["text"] for p in content)
-            if content is None and (m["role"] == "assistant" or m.get("tool_calls")):
-                content = ""  # an assistant turn that only calls tools
+            if content is None:
+                content = ""  # e.g. an assistant turn that only calls tools (vLLM: no parts)
             if not isinstance(content, str):
                 raise APIError(400, f"messages[{i}]: content must be a string or a list of text parts",
                                "messages")
             message = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
-            for key in ("name", "tool_calls", "tool_call_id"):
+            for key in ("name", "tool_call_id"):
                 if m.get(key) is not None:
                     message[key] = m[key]
+            if m.get("tool_calls"):
+                message["tool_calls"] = _template_tool_calls(m["tool_calls"])
             cleaned.append(message)
         return cleaned
 
-    def _tools(self, body: dict) -> list | None:
+    def _tools(self, body: dict, generating: bool) -> list | None:
         """vLLM's rules without a tool-call parser: tools reach the template only with
         tool_choice "none"; "auto" (the default when tools are given), "required" and a named
-        tool need a parser or guided decoding, which pyserve does not have."""
+        tool need a parser or guided decoding, which pyserve does not have. /tokenize
+        (generating False) renders the tools whatever tool_choice says, as vLLM's does."""
         tools = body.get("tools")
         choice = body.get("tool_choice")
         if tools is not None and not isinstance(tools, list):
             raise APIError(400, "'tools' must be a list", "tools")
+        if not generating:
+            return tools or None
         if not tools:
             if choice not in (None, "none"):
                 raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
@@ -159,7 +165,7 @@ class OpenAIServing:
                            "which this server does not support", "tool_choice")
         return tools
 
-    async def _chat_prompt(self, body: dict) -> list[int]:
+    async def _chat_prompt(self, body: dict, generating: bool = True) -> list[int]:
         cleaned = self._messages(body)
         template = field(body, "chat_template", str) or self.chat_template
         kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
@@ -170,7 +176,7 @@ class OpenAIServing:
                            "`add_generation_prompt` to True.", "continue_final_message")
         if continue_final:
             kwargs["continue_final_message"] = True
-        tools = self._tools(body)
+        tools = self._tools(body, generating)
         if tools is not None:
             kwargs["tools"] = tools
         if body.get("documents") is not None:
@@ -204,7 +210,7 @@ class OpenAIServing:
                 streams.append((rid, self.engine.add_request(ids, params, rid, text, priority)))
         except (ValueError, TypeError, OverflowError) as exc:
             for rid, _ in streams:
-                self.engine.abort(rid)
+                self.engine.discard(rid)
             raise APIError(400, str(exc), _param_of(str(exc))) from None
         except EngineDeadError as exc:
             raise APIError(503, str(exc)) from None
@@ -245,8 +251,16 @@ class OpenAIServing:
 
     async def _respond(self, body, prompts, params, stream: bool, chat: bool, echo: bool = False,
                        echo_only: bool = False):
+        # everything that can refuse the request is read before any prompt is admitted
+        priority = field(body, "priority", int, 0)
+        include_usage = continuous = False
+        if stream:
+            options = field(body, "stream_options", dict)
+            if options is not None:  # vLLM (and OpenAI): usage only when asked for
+                include_usage = field(options, "include_usage", bool, False)
+                continuous = include_usage and field(options, "continuous_usage_stats", bool, False)
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        streams = self._start(prompts, params, request_id, field(body, "priority", int, 0))
+        streams = self._start(prompts, params, request_id, priority)
         meta = {"id": request_id, "created": int(time.time()), "model": self.model_name,
                 "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
                 "prompt_ids": [ids for _, ids in prompts], "echo_only": echo_only,
@@ -255,30 +269,28 @@ class OpenAIServing:
                 "echo": [text if text is not None else self.tokenizer.decode(ids)
                          for text, ids in prompts] if echo else None}
         if stream:
-            options = field(body, "stream_options", dict)
-            # vLLM: stream_options given means usage unless include_usage is false
-            include_usage = options is not None and field(options, "include_usage", bool, True)
-            continuous = include_usage and field(options, "continuous_usage_stats", bool, False)
             return StreamingResponse(200, self._stream(streams, meta, include_usage, continuous))
         try:
             return await self._collect(streams, meta)
         finally:  # the client went away, or a bug: nothing may keep running
             for rid, _ in streams:
-                self.engine.abort(rid)
+                self.engine.discard(rid)
 
-    def _echoed(self, meta, p: int, c, prompt_logprobs) -> tuple[str, dict | None, int]:
-        """A completions choice with echo: (text, logprobs, generated tokens shown)."""
+    def _echoed(self, meta, p: int, c, prompt_logprobs) -> tuple[str, dict | None]:
+        """A completions choice with echo: its text and logprobs, the prompt's first. Prompt
+        positions keep the prompt token and `logprobs` alternatives (vLLM's cut)."""
         prompt_ids = meta["prompt_ids"][p]
-        shown = [] if meta["echo_only"] else c.token_ids
         text = meta["echo"][p] + ("" if meta["echo_only"] else c.text)
         if meta["logprobs"] is None:
-            return text, None, len(shown)
-        positions = list(prompt_logprobs or [None] * len(prompt_ids))
+            return text, None
+        keep = meta["logprobs"] + 1
+        positions = [None if lp is None else dict(itertools.islice(lp.items(), keep))
+                     for lp in (prompt_logprobs or [None] * len(prompt_ids))]
         token_ids = list(prompt_ids)
         if not meta["echo_only"]:
             positions += c.logprobs or []
             token_ids += c.token_ids
-        return text, _completion_logprobs(token_ids, positions, self.tokenizer, 0), len(shown)
+        return text, _completion_logprobs(token_ids, positions, self.tokenizer, 0)
 
     async def _collect(self, streams, meta) -> Response:
         choices, completion_tokens, prompt_logprobs = [], 0, None
@@ -287,13 +299,11 @@ class OpenAIServing:
             async for final in it:
                 pass
             for c in final.outputs:
+                # generated tokens, shown or not (echo with max_tokens 0 generates one, as vLLM counts)
+                completion_tokens += len(c.token_ids)
                 choice = self._choice(meta, p * meta["n"] + c.index, c, final=True)
                 if meta["echo"] is not None:
-                    choice["text"], choice["logprobs"], generated = self._echoed(
-                        meta, p, c, final.prompt_logprobs)
-                    completion_tokens += generated
-                else:
-                    completion_tokens += len(c.token_ids)
+                    choice["text"], choice["logprobs"] = self._echoed(meta, p, c, final.prompt_logprobs)
                 if final.prompt_logprobs is not None:
                     shaped = _prompt_logprobs(final.prompt_logprobs, self.tokenizer)
                     if meta["chat"]:
@@ -326,8 +336,10 @@ class OpenAIServing:
         obj = "chat.completion.chunk" if meta["chat"] else "text_completion"
         head = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
         open_streams, started = len(tasks), set()
-        generated: dict[int, int] = {}  # tokens streamed, per choice
-        text_offsets: dict[int, int] = {}  # characters streamed, per choice (completions' text_offset)
+        generated: dict[int, int] = {}  # tokens generated, per choice
+        text_offsets: dict[int, int] = {}  # where a choice's next token starts (completions)
+        # a prompt's logprobs ride on the first output of its group, whichever choice that is
+        prompt_logprobs: dict[int, list] = {}
         try:
             while open_streams:
                 p, out = await queue.get()
@@ -337,6 +349,8 @@ class OpenAIServing:
                 if isinstance(out, Exception):
                     yield b"data: " + error_body(500, f"generation failed: {out}") + b"\n\n"
                     break
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs.setdefault(p, out.prompt_logprobs)
                 for c in out.outputs:
                     index = p * meta["n"] + c.index
                     prompt_tokens = meta["prompt_tokens"][p]
@@ -348,19 +362,19 @@ class OpenAIServing:
                             role["usage"] = _usage(prompt_tokens, 0)
                         yield _sse(role)
                     choice = self._choice(meta, index, c, final=False)
-                    shown = len(c.token_ids)
                     if meta["echo"] is not None and index not in started:
                         started.add(index)
-                        choice["text"], choice["logprobs"], shown = self._echoed(
-                            meta, p, c, out.prompt_logprobs)
+                        choice["text"], choice["logprobs"] = self._echoed(
+                            meta, p, c, prompt_logprobs.get(p))
                     elif meta["echo_only"]:
-                        choice["text"], choice["logprobs"], shown = "", None, 0
+                        choice["text"], choice["logprobs"] = "", None
                     elif not meta["chat"] and c.logprobs is not None:
                         choice["logprobs"] = _completion_logprobs(
                             c.token_ids, c.logprobs, self.tokenizer, text_offsets.get(index, 0))
-                    if not meta["chat"]:
-                        text_offsets[index] = text_offsets.get(index, 0) + len(choice["text"])
-                    generated[index] = generated.get(index, 0) + shown
+                    lp = choice["logprobs"] if not meta["chat"] else None
+                    if lp and lp["tokens"]:  # offsets follow the tokens, not the text held back for stop strings
+                        text_offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                    generated[index] = generated.get(index, 0) + len(c.token_ids)
                     chunk = {**head, "choices": [choice]}
                     if continuous_usage:
                         chunk["usage"] = _usage(prompt_tokens, generated[index])
@@ -373,12 +387,12 @@ class OpenAIServing:
             for t in tasks:
                 t.cancel()
             for rid, _ in streams:
-                self.engine.abort(rid)
+                self.engine.discard(rid)
 
     async def tokenize(self, request: Request) -> Response:
         body = self._body(request)
         if "messages" in body:
-            tokens = await self._chat_prompt(body)
+            tokens = await self._chat_prompt(body, generating=False)
         else:
             prompt = field(body, "prompt", (str,))
             if prompt is None:
@@ -417,14 +431,36 @@ class OpenAIServing:
         content = []
         for token, position in zip(c.token_ids, c.logprobs):
             # OpenAI's top_logprobs: the k most likely tokens by rank, whether or not the
-            # sampled token is one of them
-            top = sorted((lp for lp in position.values() if lp.rank <= k), key=lambda lp: lp.rank)
+            # sampled token is one of them (it may tie with the k-th on rank)
+            top = sorted(position.values(), key=lambda lp: (lp.rank, -lp.logprob))[:k]
             chosen = position[token]
             content.append({"token": chosen.decoded_token, "logprob": chosen.logprob,
                             "bytes": list(chosen.decoded_token.encode()),
                             "top_logprobs": [{"token": lp.decoded_token, "logprob": lp.logprob,
                                               "bytes": list(lp.decoded_token.encode())} for lp in top]})
         return {"content": content}
+
+
+def _template_tool_calls(calls) -> list:
+    """Tool calls as chat templates expect them (transformers' convention, which vLLM
+    follows): each function's `arguments` a dict, parsed from OpenAI's JSON string ({} if it
+    is not a JSON object)."""
+    if not isinstance(calls, list):
+        raise APIError(400, "'tool_calls' must be a list", "messages")
+    out = []
+    for call in calls:
+        if not isinstance(call, dict):
+            raise APIError(400, "each tool call must be an object", "messages")
+        function = call.get("function")
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = orjson.loads(function["arguments"])
+            except orjson.JSONDecodeError:
+                arguments = {}
+            call = {**call, "function": {**function,
+                                         "arguments": arguments if isinstance(arguments, dict) else {}}}
+        out.append(call)
+    return out
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
