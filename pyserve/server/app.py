@@ -104,12 +104,11 @@ def _build_routes(state: ServerState, engine, model_name: str, max_model_len: in
     serving = OpenAIServing(engine, model_name, state.config.server)
     router = Router(error_response)
 
-    names = engine.core.config.model.served_model_name or (model_name,)
-
     async def models(request: Request) -> Response:  # one card per served name, as vLLM
         return Response(200, orjson.dumps({"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "pyserve",
-            "root": model_root, "parent": None, "max_model_len": max_model_len} for name in names]}))
+            "root": model_root, "parent": None, "max_model_len": max_model_len}
+            for name in serving.names]}))
 
     from pyserve.server.metrics import metrics_handler
 

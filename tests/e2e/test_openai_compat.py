@@ -196,3 +196,12 @@ def test_a_huge_top_k_does_not_fail_its_batch(client):
     for t in threads:
         t.join()
     assert all(r.usage.completion_tokens == 32 for r in results.values())
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(client):
+    out = client.completions.create(model=MODEL, prompt="one two three four five six seven eight",
+                                    max_tokens=1, extra_body={"truncate_prompt_tokens": 3})
+    assert out.usage.prompt_tokens == 3
+    ids = client.completions.create(model=MODEL, prompt=[[1, 504, 3384, 314, 28]], max_tokens=1,
+                                    echo=True, extra_body={"truncate_prompt_tokens": 2})
+    assert ids.usage.prompt_tokens == 2

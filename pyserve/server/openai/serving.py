@@ -49,7 +49,8 @@ class OpenAIServing:
     def __init__(self, engine: AsyncEngine, model_name: str, config: ServerConfig):
         self.engine = engine
         self.model_name = model_name
-        self.aliases = engine.core.config.model.served_model_name or ()
+        # every --served-model-name is accepted (and listed by /v1/models); the first is reported
+        self.names = engine.core.config.model.served_model_name or (model_name,)
         self.tokenizer = engine.core.tokenizer
         self.max_queued = config.max_num_queued_requests
         self.chat_template = _load_template(config.chat_template)
@@ -70,20 +71,20 @@ class OpenAIServing:
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
         model = body.get("model")
-        if model not in (None, "") and model != self.model_name and model not in self.aliases:  # "" means the served model, as in vLLM
+        if model not in (None, "") and model not in self.names:  # "" means the served model, as in vLLM
             raise APIError(404, f"the model '{model}' does not exist", "model")
         return body
 
-    def _truncate(self, body: dict, ids: list[int]) -> list[int]:
-        """vLLM's truncate_prompt_tokens: keep the last k tokens (-1: the model length)."""
+    def _truncation(self, body: dict) -> int | None:
+        """vLLM's truncate_prompt_tokens: how many last prompt tokens to keep (-1: the model
+        length); None keeps them all."""
         k = field(body, "truncate_prompt_tokens", int)
         if k is None:
-            return ids
+            return None
         if k < -1 or k == 0:
             raise APIError(400, f"truncate_prompt_tokens must be -1 or positive, got {k}",
                            "truncate_prompt_tokens")
-        k = self.engine.core.max_model_len if k == -1 else k
-        return ids[-k:]
+        return self.engine.core.max_model_len if k == -1 else k
 
     async def _prompts(self, body: dict) -> list[tuple[str | None, list[int]]]:
         prompt = body.get("prompt")
@@ -97,17 +98,18 @@ class OpenAIServing:
             raise APIError(400, "'prompt' must be a non-empty string, token list, or a list of them",
                            "prompt")
         add_special = field(body, "add_special_tokens", bool, True)
+        keep = self._truncation(body)
         out = []
         for p in prompts:
             if isinstance(p, str):
-                ids = self._truncate(body, await self._encode(p, add_special))
-                out.append((p, ids))
+                text, ids = p, await self._encode(p, add_special)
             elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                out.append((None, self._truncate(body, list(p))))
+                text, ids = None, list(p)
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
-        if "truncate_prompt_tokens" in body:  # the text no longer matches the ids
-            out = [(None, ids) for _, ids in out]
+            if keep is not None and len(ids) > keep:
+                text, ids = None, ids[-keep:]  # the text no longer matches the ids
+            out.append((text, ids))
         return out
 
     def _messages(self, body: dict) -> list[dict]:
@@ -194,7 +196,8 @@ class OpenAIServing:
                 ids = await asyncio.get_running_loop().run_in_executor(None, render)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
-        return self._truncate(body, ids)
+        keep = self._truncation(body)
+        return ids if keep is None else ids[-keep:]
 
     # -- generation ------------------------------------------------------------------------------
     def _start(self, prompts, params, request_id: str, priority: int) -> list:
