@@ -22,8 +22,9 @@
 //         bytes: in block j, bytes 4c .. 4c + 3 hold column c's q (int8) at k = 4j .. 4j + 3,
 //         again vpdpbusd's order; w = d·q.
 // Dequantized weights are computed exactly as the gguf package computes them (a product, then
-// a sum, each rounded to float32; this file is compiled with -ffp-contract=off), so a Q4_1
-// layer gives bitwise the results of the float32 layer holding its dequantized weights.
+// a sum, each rounded to float32; the product d·q is exact, so one FMA rounds the same; this
+// file is compiled with -ffp-contract=off), so a Q4_1 layer gives bitwise the results of the
+// float32 layer holding its dequantized weights.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -139,20 +140,27 @@ struct GroupReader<Q4_1Format> {
       m[v] = load(reinterpret_cast<const c10::Half*>(group + 64) + v * kLanes);
     }
   }
-  void row(int64_t kk, vec* w) const {
-    const uint8_t* block = q + (kk % 16) / 4 * 64;
-    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(8 * (kk % 4) + Q4_1Format::shift_of(kk)));
+  // w = d·q + m with one FMA: d is a float16 and q < 16, so d·q fits float32's 24 bits and
+  // is exact, and the FMA rounds once, as the separate sum does. KK is a template argument so
+  // that the nibble's shift is an immediate (a shift by a register costs two uops).
+  template <int KK>
+  void row(vec* w) const {
+    constexpr int kShift = 8 * (KK % 4) + (KK % kGroup < 16 ? 0 : 4);
+    const uint8_t* block = q + (KK % 16) / 4 * 64;
 #if PYSERVE_VEC == 16
+    // vpermps reads the low 4 bits of each index lane: the nibble indexes a table of the
+    // floats 0 .. 15, one uop where masking and converting take two
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int h = 0; h < 2; ++h) {
       const __m512i raw = _mm512_loadu_si512(block + h * 256);
-      const __m512i ints = _mm512_and_si512(_mm512_srl_epi32(raw, shift), _mm512_set1_epi32(15));
-      w[h] = add(mul(d[h], _mm512_cvtepi32_ps(ints)), m[h]);
+      const __m512i index = kShift == 0 ? raw : _mm512_srli_epi32(raw, kShift);
+      w[h] = fma(d[h], _mm512_permutexvar_ps(index, values), m[h]);
     }
 #else
     for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, lanes 8 (v % 2) ..
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (v / 2) * 256 + (v % 2) * 32));
-      const __m256i ints = _mm256_and_si256(_mm256_srl_epi32(raw, shift), _mm256_set1_epi32(15));
-      w[v] = add(mul(d[v], _mm256_cvtepi32_ps(ints)), m[v]);
+      const __m256i ints = _mm256_and_si256(_mm256_srli_epi32(raw, kShift), _mm256_set1_epi32(15));
+      w[v] = fma(d[v], _mm256_cvtepi32_ps(ints), m[v]);
     }
 #endif
   }
@@ -165,24 +173,33 @@ struct GroupReader<Q8_0Format> {
   GroupReader(const uint8_t* group) : q(group + 64) {
     for (int v = 0; v < kVecs; ++v) d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
   }
-  void row(int64_t kk, vec* w) const {
-    // byte kk % 4 of each 32-bit lane, sign-extended: up to the top, then arithmetic shift down
-    const __m128i up = _mm_cvtsi32_si128(static_cast<int>(24 - 8 * (kk % 4)));
-    const __m128i down = _mm_cvtsi32_si128(24);
-    const uint8_t* block = q + kk / 4 * 64;
+  template <int KK>
+  void row(vec* w) const {
+    // byte KK % 4 of each 32-bit lane, sign-extended: up to the top, then arithmetic shift down
+    constexpr int kUp = 24 - 8 * (KK % 4);
+    const uint8_t* block = q + (KK % kGroup) / 4 * 64;
 #if PYSERVE_VEC == 16
     for (int h = 0; h < 2; ++h) {
       const __m512i raw = _mm512_loadu_si512(block + h * 512);
-      w[h] = mul(d[h], _mm512_cvtepi32_ps(_mm512_sra_epi32(_mm512_sll_epi32(raw, up), down)));
+      const __m512i up = kUp == 0 ? raw : _mm512_slli_epi32(raw, kUp);
+      w[h] = mul(d[h], _mm512_cvtepi32_ps(_mm512_srai_epi32(up, 24)));
     }
 #else
     for (int v = 0; v < kVecs; ++v) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (v / 2) * 512 + (v % 2) * 32));
-      w[v] = mul(d[v], _mm256_cvtepi32_ps(_mm256_sra_epi32(_mm256_sll_epi32(raw, up), down)));
+      const __m256i up = kUp == 0 ? raw : _mm256_slli_epi32(raw, kUp);
+      w[v] = mul(d[v], _mm256_cvtepi32_ps(_mm256_srai_epi32(up, 24)));
     }
 #endif
   }
 };
+
+// f(std::integral_constant<int, KK>) for KK = 0 .. 31 in order, unrolled: the readers of
+// quantized groups take KK as a template argument
+template <typename F, int... KK>
+[[gnu::always_inline]] inline void for_each_k(F&& f, std::integer_sequence<int, KK...>) {
+  (f(std::integral_constant<int, KK>{}), ...);
+}
 
 // out[MR, 32] = x[MR, K] · panel[K, 32]; `cols` of the 32 columns are stored.
 template <int MR, typename Format>
@@ -197,17 +214,27 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
     const uint8_t* group = panel + k0 / kGroup * Format::kGroupBytes;
     const char* ahead = reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes);
     const GroupReader<Format> reader(group);
-    const int64_t n = std::min(kGroup, K - k0);
-    for (int64_t kk = 0; kk < n; ++kk) {
+    const auto multiply = [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
       // the lines of the group kAhead ahead, spread over this group's rows: a burst of them
       // at once overflows the core's miss buffers
       for (int64_t line = kk * kLinesPerRow; line < (kk + 1) * kLinesPerRow && line < kLines; ++line)
         _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
-      vec w[kVecs];
-      reader.row(kk, w);
       for (int m = 0; m < MR; ++m) {
         const vec xb = set1(x[m * ldx + k0 + kk]);
         for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, w[v], acc[m][v]);
+      }
+    };
+    if constexpr (Format::kQuantized) {  // K is a multiple of 32
+      for_each_k([&](auto kk) __attribute__((always_inline)) {
+        vec w[kVecs];
+        reader.template row<decltype(kk)::value>(w);
+        multiply(decltype(kk)::value, w);
+      }, std::make_integer_sequence<int, kGroup>{});
+    } else {
+      for (int64_t kk = 0; kk < std::min(kGroup, K - k0); ++kk) {
+        vec w[kVecs];
+        reader.row(kk, w);
+        multiply(kk, w);
       }
     }
   }
@@ -260,10 +287,19 @@ void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float
     for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
     const GroupReader<Format> reader(group);
-    for (int64_t kk = 0; kk < std::min(kGroup, K - g * kGroup); ++kk) {
-      vec w[kVecs];
-      reader.row(kk, w);
-      for (int v = 0; v < kVecs; ++v) store(dst + ((g - g0) * kGroup + kk) * kPanel + v * kLanes, w[v]);
+    float* const rows = dst + (g - g0) * kGroup * kPanel;
+    if constexpr (Format::kQuantized) {
+      for_each_k([&](auto kk) __attribute__((always_inline)) {
+        vec w[kVecs];
+        reader.template row<decltype(kk)::value>(w);
+        for (int v = 0; v < kVecs; ++v) store(rows + decltype(kk)::value * kPanel + v * kLanes, w[v]);
+      }, std::make_integer_sequence<int, kGroup>{});
+    } else {
+      for (int64_t kk = 0; kk < std::min(kGroup, K - g * kGroup); ++kk) {
+        vec w[kVecs];
+        reader.row(kk, w);
+        for (int v = 0; v < kVecs; ++v) store(rows + kk * kPanel + v * kLanes, w[v]);
+      }
     }
   }
 }
