@@ -130,7 +130,13 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pyserve native core: KV block pool and attention kernels";
 
   py::class_<BlockPool>(m, "BlockPool")
-      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def(py::init([](int64_t num_blocks, const std::string& order) {
+             if (order != "lru" && order != "resident")
+               throw std::invalid_argument("BlockPool order must be 'lru' or 'resident', not '" + order + "'");
+             return BlockPool(num_blocks, order == "lru" ? pyserve::BlockOrder::kLru
+                                                         : pyserve::BlockOrder::kResident);
+           }),
+           py::arg("num_blocks"), py::arg("order") = "lru")
       .def("allocate", &BlockPool::allocate, py::arg("n"))
       .def("free", &BlockPool::free, py::arg("block_ids"))
       .def("incref", &BlockPool::incref, py::arg("block_ids"))
@@ -144,7 +150,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_cached", &BlockPool::num_cached)
       .def_property_readonly("num_evictions", &BlockPool::num_evictions)
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
-      .def_property_readonly("num_free", &BlockPool::num_free);
+      .def_property_readonly("num_free", &BlockPool::num_free)
+      .def_property_readonly("num_touched", &BlockPool::num_touched);
 
   m.def("reshape_and_cache", &pyserve::reshape_and_cache, py::arg("key"), py::arg("value"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"));

@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV-cache budget in bytes or with a unit (4GiB); default 4GiB on CPU")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse cached KV blocks of shared prompt prefixes")
+    g.add_argument("--kv-block-order", choices=("auto", "resident", "lru"), default="auto",
+                   help="which free block a request gets. resident: one whose memory the cache "
+                   "has already written (evicting the least recently freed cached prefix) before "
+                   "one never used, so resident memory follows the most blocks ever in use, not "
+                   "--kv-cache-memory; lru (vLLM's): every block once before any cached prefix "
+                   "is evicted, which keeps the most prefixes and writes the whole cache. auto: "
+                   "resident on the CPU, lru on a GPU (whose cache memory is reserved anyway)")
 
     g = parser.add_argument_group("scheduler")
     g.add_argument("--max-num-seqs", type=_positive_int, default=None,

@@ -46,6 +46,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None  # bytes; None: 4 GiB on the CPU, measured on a GPU
     enable_prefix_caching: bool = True
+    kv_block_order: str = "auto"  # "resident" on the CPU, "lru" on a GPU (see --kv-block-order)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,8 @@ def validate(config: Config) -> None:
     need(c.block_size in (8, 16, 32, 64, 128), "--block-size", "must be one of 8, 16, 32, 64, 128")
     need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")
+    need(c.kv_block_order in ("auto", "resident", "lru"), "--kv-block-order",
+         "must be auto, resident or lru")
     need(s.max_num_seqs is None or s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens is None or s.max_num_batched_tokens > 0, "--max-num-batched-tokens",
          "must be positive")

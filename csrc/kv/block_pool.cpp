@@ -1,12 +1,13 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 
 namespace pyserve {
 
-BlockPool::BlockPool(int64_t num_blocks)
+BlockPool::BlockPool(int64_t num_blocks, BlockOrder order)
     : ref_counts_(num_blocks < 0 ? 0 : num_blocks, 0),
       prev_(num_blocks + 1),
       next_(num_blocks + 1),
@@ -14,7 +15,11 @@ BlockPool::BlockPool(int64_t num_blocks)
       block_hash_(num_blocks < 0 ? 0 : num_blocks) {
   if (num_blocks <= 0) throw std::invalid_argument("BlockPool needs at least one block");
   prev_[sentinel_] = next_[sentinel_] = sentinel_;
-  for (int64_t id = 0; id < num_blocks; ++id) push_tail(id);
+  if (order == BlockOrder::kLru) {
+    for (int64_t id = 0; id < num_blocks; ++id) push_tail(id);
+  } else {
+    num_free_ = num_blocks;  // all never used, none queued
+  }
 }
 
 void BlockPool::check_id(int64_t block_id) const {
@@ -47,8 +52,14 @@ std::vector<int64_t> BlockPool::allocate(int64_t n) {
   std::vector<int64_t> ids;
   ids.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = next_[sentinel_];
-    unlink(id);
+    int64_t id = next_[sentinel_];
+    if (id != sentinel_) {
+      unlink(id);
+    } else {  // the queue is empty (kResident): a block never used before
+      id = next_unused_;
+      --num_free_;
+    }
+    next_unused_ = std::max(next_unused_, id + 1);
     ref_counts_[id] = 1;
     if (!block_hash_[id].empty()) {  // reused for new content: its old entry goes
       cached_.erase(block_hash_[id]);
@@ -119,6 +130,8 @@ std::vector<int64_t> BlockPool::free_queue() const {
   std::vector<int64_t> ids;
   ids.reserve(num_free_);
   for (int64_t id = next_[sentinel_]; id != sentinel_; id = next_[id]) ids.push_back(id);
+  if (ids.size() < static_cast<size_t>(num_free_))  // kResident's never-used blocks
+    for (int64_t id = next_unused_; id < num_blocks(); ++id) ids.push_back(id);
   return ids;
 }
 

@@ -5,6 +5,12 @@
 //    (ref count >= 1), never both;
 //  * the free queue is ordered by release time: allocate() takes from the head, the oldest
 //    released block, and free() appends at the tail;
+//  * the pool starts in one of two orders. kLru (vLLM's): every block starts in the free queue,
+//    so each block is used once before any cached content is evicted: the prefix cache keeps
+//    the most, and all of the cache's memory is written. kResident: blocks never used wait
+//    behind the free queue and are taken only when it is empty, so a new block reuses memory
+//    already written (evicting the least recently released cached content) and the memory
+//    the cache touches grows with the most blocks ever held at once, not with the pool;
 //  * prefix cache: a full block may carry a content hash (a chained SHA-256 computed by the
 //    caller, 32 bytes, strong enough that collisions are no practical risk, so hits are not
 //    re-verified). A hash maps to at most one block. A cached block keeps its hash while free,
@@ -20,11 +26,13 @@
 
 namespace pyserve {
 
+enum class BlockOrder { kLru, kResident };
+
 class BlockPool {
  public:
-  explicit BlockPool(int64_t num_blocks);
+  explicit BlockPool(int64_t num_blocks, BlockOrder order = BlockOrder::kLru);
 
-  // Takes n blocks off the head of the free queue, each with ref count 1.
+  // Takes n blocks off the head of the free queue (then never-used ones), each with ref count 1.
   // Throws std::runtime_error (and takes nothing) if fewer than n are free.
   std::vector<int64_t> allocate(int64_t n);
   // Drops one reference from each block; a block whose count reaches 0 joins the free queue's
@@ -48,6 +56,8 @@ class BlockPool {
   int32_t ref_count(int64_t block_id) const;
   // Free block ids, head (next to be allocated) first; for tests and debugging.
   std::vector<int64_t> free_queue() const;
+  // Blocks ever allocated: those whose memory the cache has written.
+  int64_t num_touched() const { return next_unused_; }
 
  private:
   void check_id(int64_t block_id) const;
@@ -59,7 +69,8 @@ class BlockPool {
   std::vector<int64_t> prev_;
   std::vector<int64_t> next_;
   int64_t sentinel_;
-  int64_t num_free_ = 0;
+  int64_t num_free_ = 0;  // in the queue, plus the never-used blocks behind it
+  int64_t next_unused_ = 0;  // blocks [next_unused_, num_blocks) have never been allocated
   std::unordered_map<std::string, int64_t> cached_;
   std::vector<std::string> block_hash_;  // empty: the block carries no cache entry
   int64_t num_evictions_ = 0;

@@ -166,7 +166,10 @@ class EngineCore:
                     "max concurrency at %d tokens: %.1fx", " per rank" if tp > 1 else "", num_blocks,
                     block_size, num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
                     self.max_model_len, num_blocks / need)
-        self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        block_order = config.cache.kv_block_order
+        if block_order == "auto":
+            block_order = "lru" if self.device.type == "cuda" else "resident"
+        self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching, block_order)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = self.executor.runner
         self._arrivals = itertools.count()

@@ -9,8 +9,9 @@ from pyserve.kv.prefix import extend_block_hashes
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        self.pool = _native.BlockPool(num_blocks)
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 block_order: str = "lru"):
+        self.pool = _native.BlockPool(num_blocks, block_order)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0  # prompt tokens looked up

@@ -117,3 +117,25 @@ def test_a_preempted_or_aborted_prefix_owner_releases_the_waiters(model_dir):
     core.abort("owner")  # before its step ran: its blocks were never cached
     assert [s.request.request_id for s in core.schedule()] == ["waiter"]
     assert not core.kv._computing or all(core.kv._computing.values())
+
+
+def test_block_order_trades_cached_prefixes_for_memory_written(model_dir):
+    """resident (the CPU's default) reuses the blocks of finished requests, evicting their
+    cached prefixes, before it writes a block never used; lru (vLLM's order) uses every block
+    once first and so still holds the first prompt when it comes back."""
+    distinct = [[10 + i] + [(7 * i + j) % 200 + 20 for j in range(63)] for i in range(4)]
+    touched, repeat_hits = {}, {}
+    for order in ("auto", "resident", "lru"):
+        llm = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, kv_block_order=order)
+        kv = llm.engine.kv
+        for ids in distinct:
+            llm.generate({"prompt_token_ids": ids}, GREEDY)
+        touched[order] = kv.pool.num_touched
+        hits = kv.prefix_hits
+        llm.generate({"prompt_token_ids": distinct[0]}, GREEDY)
+        repeat_hits[order] = kv.prefix_hits - hits
+        assert kv.num_free_blocks == kv.num_blocks
+    per_request = -(-(64 + 12) // 16)
+    assert touched["resident"] == touched["auto"] == per_request
+    assert touched["lru"] == 4 * per_request
+    assert repeat_hits["resident"] == 0 and repeat_hits["lru"] == 48  # 3 full blocks

@@ -65,3 +65,32 @@ def test_prefix_cache_entries_survive_free_until_reuse():
     with pytest.raises(RuntimeError, match="cannot cache free"):
         pool.free([b])
         pool.cache(b, b"h-c")
+
+
+def test_resident_order_reuses_written_blocks_before_unused_ones():
+    pool = _native.BlockPool(6, "resident")
+    assert pool.num_free == 6 and pool.free_queue() == [0, 1, 2, 3, 4, 5] and pool.num_touched == 0
+    assert pool.allocate(4) == [0, 1, 2, 3] and pool.num_touched == 4
+    pool.free([3, 1])
+    # released blocks first, in release order, then the never-used ones
+    assert pool.free_queue() == [3, 1, 4, 5] and pool.num_free == 4
+    assert pool.allocate(3) == [3, 1, 4] and pool.num_touched == 5
+    assert pool.free_queue() == [5]
+
+
+def test_resident_order_evicts_cached_content_before_using_new_memory():
+    pool = _native.BlockPool(4, "resident")
+    a, b = pool.allocate(2)
+    assert pool.cache(a, b"h-a") and pool.cache(b, b"h-b")
+    pool.free([b, a])
+    assert pool.allocate(1) == [b]  # the least recently freed cached block, not block 2
+    assert pool.lookup(b"h-b") == -1 and pool.lookup(b"h-a") == a and pool.num_evictions == 1
+    pool.acquire([a])
+    assert pool.allocate(2) == [2, 3] and pool.num_free == 0 and pool.num_touched == 4
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        pool.allocate(1)
+
+
+def test_unknown_block_order_is_refused():
+    with pytest.raises(ValueError, match="'lru' or 'resident'"):
+        _native.BlockPool(4, "fifo")
