@@ -7,8 +7,8 @@ warmed with one short request, driven through the same workloads by our client
         [--workloads W1,W2,W3,W4] [--repeats 3] [--num-prompts-scale 1.0] [--out DIR]
 
 Install the peers first (benchmarks/peers/README.md). Each (server, workload) runs --repeats
-times with seeds 0, 1, ... (fresh prompts each time, so no cache carries over from one repeat
-to the next); the table shows the medians over repeats of output tokens/s, median TTFT and
+times with the workload's seeds (fresh prompts each time, so no cache carries over from one
+repeat or workload to the next); the table shows the medians over repeats of output tokens/s, median TTFT and
 median TPOT, with each server's ratio to pyserve on the same workload, its start-up time and
 the peak RSS of its process tree. The machine's ceilings (benchmarks/ceilings.py) are measured
 first, before any server runs. Needs a quiet machine: anything else running skews every row.
@@ -127,7 +127,7 @@ def bench_server(spec, workloads: list[Workload], args) -> dict:
                 runs = []
                 for repeat in range(args.repeats):
                     start = time.perf_counter()
-                    runs.append(run_workload(server, w, args, repeat, log))
+                    runs.append(run_workload(server, w, args, w.seed(repeat), log))
                     r = runs[-1]
                     print(f"[peers] {spec.name} {w.name} #{repeat + 1}: "
                           f"{r['output_throughput']:.1f} tok/s, TTFT {r['median_ttft_ms']:.0f} ms, "
