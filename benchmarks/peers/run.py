@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = server_specs(args.model, args.llama_threads)
     servers = _names(args.servers, list(specs), "--servers")
     workloads = [WORKLOADS[n] for n in _names(args.workloads, list(WORKLOADS), "--workloads")]
-    if args.repeats < 1 or args.num_prompts_scale <= 0:
-        raise SystemExit("--repeats must be at least 1 and --num-prompts-scale above 0")
+    if not 1 <= args.repeats <= 1000 or args.num_prompts_scale <= 0:  # 1000: seeds per workload
+        raise SystemExit("--repeats must be 1 to 1000 and --num-prompts-scale above 0")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"date": datetime.now().isoformat(timespec="seconds"), "model": str(args.model),
                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

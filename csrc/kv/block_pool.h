@@ -1,8 +1,8 @@
 // The pool of KV-cache blocks: which block ids are free, and how many holders each has.
 //
 // Invariants:
-//  * every block id in [0, num_blocks) is either in the free queue (ref count 0) or held
-//    (ref count >= 1), never both;
+//  * every block id in [0, num_blocks) is exactly one of: held (ref count >= 1), in the free
+//    queue (ref count 0), or never used (kResident only: ref count 0, no hash, not queued);
 //  * the free queue is ordered by release time: allocate() takes from the head, the oldest
 //    released block, and free() appends at the tail;
 //  * the pool starts in one of two orders. kLru (vLLM's): every block starts in the free queue,
@@ -54,7 +54,8 @@ class BlockPool {
   int64_t num_blocks() const { return static_cast<int64_t>(ref_counts_.size()); }
   int64_t num_free() const { return num_free_; }
   int32_t ref_count(int64_t block_id) const;
-  // Free block ids, head (next to be allocated) first; for tests and debugging.
+  // Free block ids, head (next to be allocated) first, then kResident's never-used ones;
+  // for tests and debugging.
   std::vector<int64_t> free_queue() const;
   // Blocks ever allocated: those whose memory the cache has written.
   int64_t num_touched() const { return next_unused_; }

@@ -162,13 +162,14 @@ class EngineCore:
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
                     arch.architecture, source.path, weights,
                     self.device, time.perf_counter() - t0, self.executor.description, tp)
-        logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
-                    "max concurrency at %d tokens: %.1fx", " per rank" if tp > 1 else "", num_blocks,
-                    block_size, num_blocks * block_size, num_blocks * per_block / 1024**3, per_block,
-                    self.max_model_len, num_blocks / need)
         block_order = config.cache.kv_block_order
         if block_order == "auto":
             block_order = "lru" if self.device.type == "cuda" else "resident"
+        logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
+                    "max concurrency at %d tokens: %.1fx; block order: %s",
+                    " per rank" if tp > 1 else "", num_blocks, block_size, num_blocks * block_size,
+                    num_blocks * per_block / 1024**3, per_block, self.max_model_len,
+                    num_blocks / need, block_order)
         self.kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching, block_order)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = self.executor.runner

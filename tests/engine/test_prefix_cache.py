@@ -126,7 +126,8 @@ def test_block_order_trades_cached_prefixes_for_memory_written(model_dir):
     distinct = [[10 + i] + [(7 * i + j) % 200 + 20 for j in range(63)] for i in range(4)]
     touched, repeat_hits = {}, {}
     for order in ("auto", "resident", "lru"):
-        llm = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, kv_block_order=order)
+        llm = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, kv_block_order=order,
+                  device="cpu")
         kv = llm.engine.kv
         for ids in distinct:
             llm.generate({"prompt_token_ids": ids}, GREEDY)
