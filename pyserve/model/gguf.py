@@ -215,7 +215,9 @@ def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
     from pyserve.model.layers.quantized import BLOCK, BLOCK_BYTES, GGUFBlocks
 
     gguf_arch, index = _tensor_index(Path(gguf_path))
-    data = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    # copy-on-write: a writable view of the file that the loaders copy from without a first
+    # copy of their own (nothing writes to it)
+    data = np.memmap(gguf_path, dtype=np.uint8, mode="c")
     found = {}
     for tensor_name, ggml_type, dims, offset in index:
         name = _hf_name(tensor_name)
@@ -236,7 +238,7 @@ def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
     for name, (type_, blocks, shape) in found.items():
         if any(p in name for p in row_parallel) and (shape[1] % tp_size or (shape[1] // tp_size) % BLOCK):
             continue
-        out[name] = GGUFBlocks(type_, torch.from_numpy(np.array(blocks)), shape)  # a copy: the map is read-only
+        out[name] = GGUFBlocks(type_, torch.from_numpy(np.ascontiguousarray(blocks)), shape)
     return out
 
 
