@@ -37,6 +37,7 @@ def test_chat_gives_a_sensible_answer(client):
         model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=24, temperature=0)
     assert "Paris" in out.choices[0].message.content
+    assert out.choices[0].message.tool_calls == []  # vLLM's empty list, not None
     assert out.choices[0].finish_reason == "stop"
     assert out.usage.completion_tokens > 0 and out.usage.total_tokens == (
         out.usage.prompt_tokens + out.usage.completion_tokens)

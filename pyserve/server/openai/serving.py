@@ -421,7 +421,10 @@ class OpenAIServing:
                   "logprobs": self._logprobs(c, meta["chat"], meta["logprobs"] or 0)}
         if meta["chat"]:
             key = "message" if final else "delta"
-            choice[key] = {"role": "assistant", "content": c.text} if final else {"content": c.text}
+            # a whole message lists its tool calls, none here, as vLLM's does ([] rather than
+            # absent, which clients read as None)
+            choice[key] = ({"role": "assistant", "content": c.text, "tool_calls": []} if final
+                           else {"content": c.text})
         else:
             choice["text"] = c.text
         return choice
