@@ -194,11 +194,29 @@ struct GroupReader<Q8_0Format> {
   }
 };
 
-// f(std::integral_constant<int, KK>) for KK = 0 .. 31 in order, unrolled: the readers of
-// quantized groups take KK as a template argument
 template <typename F, int... KK>
 [[gnu::always_inline]] inline void for_each_k(F&& f, std::integer_sequence<int, KK...>) {
   (f(std::integral_constant<int, KK>{}), ...);
+}
+
+// f(kk, w) for the group's rows kk = 0 .. n - 1 in order, w their kVecs weight vectors. The
+// quantized readers take kk as a template argument, so their loop is unrolled (K is then a
+// multiple of 32 and n is 32).
+template <typename Format, typename F>
+[[gnu::always_inline]] inline void for_each_row(const GroupReader<Format>& reader, int64_t n, F&& f) {
+  if constexpr (Format::kQuantized) {
+    for_each_k([&](auto kk) __attribute__((always_inline)) {
+      vec w[kVecs];
+      reader.template row<decltype(kk)::value>(w);
+      f(int64_t{decltype(kk)::value}, w);
+    }, std::make_integer_sequence<int, kGroup>{});
+  } else {
+    for (int64_t kk = 0; kk < n; ++kk) {
+      vec w[kVecs];
+      reader.row(kk, w);
+      f(kk, w);
+    }
+  }
 }
 
 // out[MR, 32] = x[MR, K] · panel[K, 32]; `cols` of the 32 columns are stored.
@@ -214,7 +232,7 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
     const uint8_t* group = panel + k0 / kGroup * Format::kGroupBytes;
     const char* ahead = reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes);
     const GroupReader<Format> reader(group);
-    const auto multiply = [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
+    for_each_row(reader, std::min(kGroup, K - k0), [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
       // the lines of the group kAhead ahead, spread over this group's rows: a burst of them
       // at once overflows the core's miss buffers
       for (int64_t line = kk * kLinesPerRow; line < (kk + 1) * kLinesPerRow && line < kLines; ++line)
@@ -223,20 +241,7 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
         const vec xb = set1(x[m * ldx + k0 + kk]);
         for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, w[v], acc[m][v]);
       }
-    };
-    if constexpr (Format::kQuantized) {  // K is a multiple of 32
-      for_each_k([&](auto kk) __attribute__((always_inline)) {
-        vec w[kVecs];
-        reader.template row<decltype(kk)::value>(w);
-        multiply(decltype(kk)::value, w);
-      }, std::make_integer_sequence<int, kGroup>{});
-    } else {
-      for (int64_t kk = 0; kk < std::min(kGroup, K - k0); ++kk) {
-        vec w[kVecs];
-        reader.row(kk, w);
-        multiply(kk, w);
-      }
-    }
+    });
   }
   alignas(64) float row[kPanel];
   for (int m = 0; m < MR; ++m) {
@@ -288,19 +293,9 @@ void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float
       _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
     const GroupReader<Format> reader(group);
     float* const rows = dst + (g - g0) * kGroup * kPanel;
-    if constexpr (Format::kQuantized) {
-      for_each_k([&](auto kk) __attribute__((always_inline)) {
-        vec w[kVecs];
-        reader.template row<decltype(kk)::value>(w);
-        for (int v = 0; v < kVecs; ++v) store(rows + decltype(kk)::value * kPanel + v * kLanes, w[v]);
-      }, std::make_integer_sequence<int, kGroup>{});
-    } else {
-      for (int64_t kk = 0; kk < std::min(kGroup, K - g * kGroup); ++kk) {
-        vec w[kVecs];
-        reader.row(kk, w);
-        for (int v = 0; v < kVecs; ++v) store(rows + kk * kPanel + v * kLanes, w[v]);
-      }
-    }
+    for_each_row(reader, std::min(kGroup, K - g * kGroup), [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
+      for (int v = 0; v < kVecs; ++v) store(rows + kk * kPanel + v * kLanes, w[v]);
+    });
   }
 }
 
