@@ -65,6 +65,8 @@ setup(
     packages=find_packages(include=["pyserve", "pyserve.*"]),
     python_requires=">=3.10",
     install_requires=runtime_requirements(),
+    # `pyserve serve MODEL`, `pyserve chat`, ... as `vllm serve MODEL`, `vllm chat`
+    entry_points={"console_scripts": ["pyserve = pyserve.__main__:main"]},
     ext_modules=[CMakeExtension("pyserve._C")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

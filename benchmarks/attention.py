@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from pyserve.arith import cdiv
 from pyserve import _native
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 9, 3, 64, 16
@@ -30,7 +31,7 @@ CASES = [
 def _batch(specs, gen):
     tables, next_block = [], 0
     for ctx, _ in specs:
-        n = -(-ctx // BLOCK)
+        n = cdiv(ctx, BLOCK)
         tables.append(list(range(next_block, next_block + n)))
         next_block += n
     key_cache = torch.randn(next_block, KV_HEADS, BLOCK, HEAD_SIZE, generator=gen)

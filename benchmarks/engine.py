@@ -31,7 +31,7 @@ def async_run(model_dir: str, prompts: list[list[int]], output_len: int, gap_s: 
     from pyserve.config import Config
     from pyserve.engine.async_engine import AsyncEngine
     from pyserve.engine.core import EngineCore
-    from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+    from pyserve.sampling_params import RequestOutputKind, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
                             output_kind=RequestOutputKind.DELTA)
@@ -78,7 +78,7 @@ def main() -> None:
     model_dir = args.model or str(ensure_default_model(parse_config([]).model.download_dir))
     results = {}
     llm = LLM(model_dir)
-    vocab = llm.engine.arch.vocab_size
+    vocab = llm.engine.vocab_size
     run_pyserve(llm, random_prompts(vocab, 1, 16, 1), 4)
     prompts64 = random_prompts(vocab, 64, 256, 64)
     results["pyserve_64x256x128_tok_s"] = run_pyserve(llm, prompts64, 128)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args, engine_flags = build_parser().parse_known_args(argv)
     from pyserve.cli import parse_config
     from pyserve.engine.core import EngineCore
-    from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+    from pyserve.sampling_params import RequestOutputKind, SamplingParams
 
     # later flags win, so an explicit --enable-prefix-caching turns caching back on
     config = parse_config(["--no-enable-prefix-caching", *engine_flags])
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=args.output_len,
                             output_kind=RequestOutputKind.DELTA)
     rng = np.random.default_rng(args.seed)
-    prompts = rng.integers(0, min(10000, core.arch.vocab_size),
+    prompts = rng.integers(0, min(10000, core.vocab_size),
                            (args.batch_size, args.input_len)).tolist()
     ids = itertools.count()
     print("Warming up...")

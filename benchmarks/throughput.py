@@ -84,7 +84,7 @@ def main_dataset(args: argparse.Namespace, model_dir: str) -> None:
 
     llm = LLM(model_dir)
     requests = sample_requests(args, llm.get_tokenizer())
-    run_pyserve(llm, random_prompts(llm.engine.arch.vocab_size, 1, 16, 1), 4)  # warm-up
+    run_pyserve(llm, random_prompts(llm.engine.vocab_size, 1, 16, 1), 4)  # warm-up
     r = run_dataset(llm, requests)
     print(f"\nOffline throughput, {model_dir}, --dataset-name {args.dataset_name}, "
           f"{r['num_requests']} prompts, {torch.get_num_threads()} threads")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dataset_name is not None:
         return main_dataset(args, model_dir)
     llm = LLM(model_dir, max_num_seqs=max(args.batch_sizes))
-    vocab = llm.engine.arch.vocab_size
+    vocab = llm.engine.vocab_size
     run_pyserve(llm, random_prompts(vocab, 1, 16, 1), 4)  # warm-up
     rows = []
     for bs in args.batch_sizes:

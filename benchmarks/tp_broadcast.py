@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from pyserve.arith import cdiv
+
 BLOCK = 16
 
 
@@ -27,7 +29,7 @@ def decode_inputs(batch: int, context: int):
     from pyserve.model.layers.attention import AttentionMetadata
     from pyserve.model.runner import ForwardInputs
 
-    blocks = -(-context // BLOCK)
+    blocks = cdiv(context, BLOCK)
     tables = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
     return ForwardInputs(torch.randint(0, 49152, (batch,)), torch.full((batch,), context - 1),
                          AttentionMetadata(tables[:, -1].long() * BLOCK, tables,

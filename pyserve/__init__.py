@@ -10,7 +10,7 @@ def __getattr__(name):  # keep `python -m pyserve --help` fast: import torch onl
 
         return LLM
     if name == "SamplingParams":
-        from pyserve.engine.sampling_params import SamplingParams
+        from pyserve.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "RequestOutput":

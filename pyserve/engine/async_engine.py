@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
-from pyserve.engine.sampling_params import SamplingParams
+from pyserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("pyserve")
 
@@ -55,6 +55,75 @@ class AsyncEngine:
         self.dead_reason: str | None = None
         self.died = asyncio.Event()  # set once the engine can never step again
         self._completion: StepCompletion | None = None  # CUDA: made on the first step
+
+    @classmethod
+    def from_config(cls, config, model_thread: ThreadPoolExecutor) -> "AsyncEngine":
+        """Builds the engine (model, KV cache, scheduler). Call it on model_thread (the server
+        does, while /health answers "loading"), which then runs every step."""
+        return cls(EngineCore(config), model_thread)
+
+    # -- what the server reads: the engine's public face ----------------------------------------
+    @property
+    def config(self):
+        return self.core.config
+
+    @property
+    def model_name(self) -> str:
+        return self.core.model_name
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Every --served-model-name (a request may name any); the first is reported."""
+        return self.core.config.model.served_model_name or (self.core.model_name,)
+
+    @property
+    def model_path(self) -> str:
+        return str(self.core.model_path)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.vocab_size
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    @property
+    def generation_defaults(self) -> dict:
+        """The model's generation_config.json sampling values, for fields a request leaves out."""
+        return self.core.generation_defaults
+
+    @property
+    def stats(self):
+        return self.core.stats
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.core.kv.num_blocks
+
+    def snapshot(self) -> dict:
+        return self.core.snapshot()
+
+    @property
+    def executor_description(self) -> str:
+        return self.core.executor.description
+
+    @property
+    def rank_pids(self) -> list[int]:
+        return self.core.executor.rank_pids
+
+    def has_unfinished(self) -> bool:
+        return self.core.has_unfinished()
+
+    async def warm_up(self) -> int:
+        """The start-up warm-up forward, on the model thread; returns its token count."""
+        tokens = self.core.warmup_tokens()
+        await asyncio.get_running_loop().run_in_executor(self._model_thread, self.core.profile_run, tokens)
+        return tokens
 
     def start(self) -> None:
         if self._task is None and self.dead_reason is None:
@@ -163,23 +232,23 @@ class AsyncEngine:
                 await self._has_work.wait()
                 continue
             t0 = time.perf_counter()
-            batch = []
+            step = None
             try:
-                batch = self.core.schedule()
-                if not batch:  # nothing fits this instant; let aborts and arrivals happen
+                begun = self.core.begin_step()
+                if begun is None:  # nothing fits this instant; let aborts and arrivals happen
                     await asyncio.sleep(0)
                     continue
-                prepared = self.core.prepare(batch)
+                step, prepared = begun
                 t1 = time.perf_counter()
                 result = await self._run_step(loop, prepared)
                 t2 = time.perf_counter()
-                outputs = self.core.process(batch, result)
+                outputs = self.core.update(step, result)
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("engine step failed")
-                if not batch:  # the scheduler itself: nothing to blame, nothing can run
+                if step is None:  # the scheduler itself: nothing to blame, nothing can run
                     self._engine_died(f"scheduling failed: {exc}")
                     return
-                self._fail(batch, exc)
+                self._fail(step, exc)
                 continue
             for output in outputs:
                 queue = self._streams.get(output.request_id)
@@ -218,11 +287,11 @@ class AsyncEngine:
             100 * snap["prefix_cache_hit_rate"], snap["num_preemptions"], 100 * self.loop_busy_fraction)
         self._last_log, self._last_tokens = t, (prompt, gen)
 
-    def _fail(self, batch, exc: Exception) -> None:
+    def _fail(self, step, exc: Exception) -> None:
         """Fails the step's requests; if even that fails, the engine is dead (every stream
         gets the error) rather than silently stuck."""
         try:
-            for request_id in {s.request.group_id for s in batch}:
+            for request_id in self.core.group_ids(step):
                 self.core.abort(request_id)
                 queue = self._streams.get(request_id)
                 if queue is not None:

@@ -1,11 +1,14 @@
 """Default sampling parameters from a model's generation_config.json, as vLLM applies them
 (`--generation-config auto`): a request that leaves one of these fields out gets the model's
-value instead of the built-in default; `vllm` ignores the file; a folder reads its file."""
+value instead of the built-in default; `vllm` ignores the file; a folder reads its file.
+`--override-generation-config` is laid over whichever of these applies (`vllm` included), in
+the file's names (max_new_tokens) or SamplingParams' (max_tokens)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 logger = logging.getLogger("pyserve")
@@ -16,8 +19,19 @@ _KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature
          "frequency_penalty": "frequency_penalty", "max_new_tokens": "max_tokens"}
 
 
-def load_generation_defaults(setting: str, model_dir: Path) -> dict:
-    """{SamplingParams field: value} from generation_config.json; empty for `vllm` or no file."""
+def load_generation_defaults(setting: str, model_dir: Path,
+                             override: Iterable[tuple[str, object]] = ()) -> dict:
+    """{SamplingParams field: value} from generation_config.json (none for `vllm` or no file),
+    with the override's items laid over them."""
+    defaults = _from_file(setting, model_dir)
+    overridden = _override(override)
+    if overridden:
+        defaults.update(overridden)
+        logger.info("default sampling parameters with --override-generation-config: %s", defaults)
+    return defaults
+
+
+def _from_file(setting: str, model_dir: Path) -> dict:
     if setting == "vllm":
         return {}
     folder = model_dir if setting == "auto" else Path(setting)
@@ -31,8 +45,24 @@ def load_generation_defaults(setting: str, model_dir: Path) -> dict:
         return {}
     # do_sample false (transformers' greedy) says nothing about the server's sampling: vLLM
     # ignores it too
-    defaults = {field: raw[key] for key, field in _KEYS.items()
-                if isinstance(raw.get(key), (int, float)) and not isinstance(raw.get(key), bool)}
+    defaults = {field: raw[key] for key, field in _KEYS.items() if _is_number(raw.get(key))}
     if defaults:
         logger.info("default sampling parameters from %s: %s", path, defaults)
     return defaults
+
+
+def _override(items: Iterable[tuple[str, object]]) -> dict:
+    fields = set(_KEYS.values())
+    out = {}
+    for key, value in items:
+        field = _KEYS.get(key, key if key in fields else None)
+        if field is None or not _is_number(value):
+            logger.warning("--override-generation-config: ignoring %s=%r (it takes numbers for "
+                           "%s)", key, value, ", ".join(_KEYS))
+            continue
+        out[field] = value
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

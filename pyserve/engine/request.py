@@ -9,9 +9,7 @@ from __future__ import annotations
 import enum
 import time
 
-import torch
-
-from pyserve.engine.sampling_params import SamplingParams
+from pyserve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -33,10 +31,9 @@ class Request:
         self.arrival = arrival
         self.priority = priority  # lower runs first under --scheduling-policy priority
         self.output_token_ids: list[int] = []
-        self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
-        self.block_hashes: list[bytes] = []  # content hashes of full blocks (prefix cache)
-        self.num_cached_blocks = 0  # leading blocks registered in the prefix cache
+        self.all_token_ids = list(prompt_token_ids)  # prompt + output, kept whole (no concatenation a step)
+        self.num_computed_tokens = 0  # the scheduler's: tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache served at admission
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -47,18 +44,18 @@ class Request:
         self.prompt_logprobs_sent = False
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_sent_tokens = 0  # output tokens already handed out (streaming)
         self.num_preemptions = 0
-        self.generator = (torch.Generator().manual_seed(params.seed)
-                          if params.seed is not None else None)
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
 
     @property
     def finished(self) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyserve.engine.output import CompletionOutput, Logprob, RequestOutput
+from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.engine.request import Request
-from pyserve.engine.sampling_params import RequestOutputKind
+from pyserve.sampling_params import RequestOutputKind
 
 
 class RequestGroup:
@@ -44,17 +44,17 @@ class RequestGroup:
             return released
         return []
 
-    def output(self, child: Request, tokenizer) -> RequestOutput | None:
+    def output(self, child: Request) -> RequestOutput | None:
         """What is owed after `child` advanced (None: nothing to send yet)."""
         finished = self.finished
         if self.kind is RequestOutputKind.FINAL_ONLY:
             if not finished:
                 return None
-            completions = [_completion(c, tokenizer, cumulative=True) for c in self.children]
+            completions = [_completion(c, cumulative=True) for c in self.children]
         elif self.kind is RequestOutputKind.DELTA:
-            completions = [_completion(child, tokenizer, cumulative=False)]
+            completions = [_completion(child, cumulative=False)]
         else:
-            completions = [_completion(c, tokenizer, cumulative=True) for c in self.children
+            completions = [_completion(c, cumulative=True) for c in self.children
                            if c.output_token_ids or c is child]
         first = self.children[0]
         prompt_logprobs = self.prompt_logprobs
@@ -62,10 +62,11 @@ class RequestGroup:
             prompt_logprobs = prompt_logprobs if not first.prompt_logprobs_sent else None
             first.prompt_logprobs_sent = True
         return RequestOutput(self.request_id, first.prompt, first.prompt_token_ids, completions,
-                             finished=finished, prompt_logprobs=prompt_logprobs)
+                             finished=finished, prompt_logprobs=prompt_logprobs,
+                             num_cached_tokens=first.num_cached_tokens)
 
 
-def _completion(request: Request, tokenizer, cumulative: bool) -> CompletionOutput:
+def _completion(request: Request, cumulative: bool) -> CompletionOutput:
     delta = request.detokenizer.new_text(request.finished)
     if cumulative:
         text, ids = request.detokenizer.emitted_text, list(request.output_token_ids)
@@ -75,14 +76,6 @@ def _completion(request: Request, tokenizer, cumulative: bool) -> CompletionOutp
         text, ids = delta, request.output_token_ids[start:]
         logprobs = request.logprobs[start:] if request.logprobs is not None else None
     request.num_sent_tokens = len(request.output_token_ids)
-    if logprobs is not None:
-        logprobs = [{t: _decoded(lp, t, tokenizer) for t, lp in position.items()}
-                    for position in logprobs]
     return CompletionOutput(request.child_index, text, ids, request.finish_reason,
                             request.stop_reason, logprobs)
 
-
-def _decoded(lp: Logprob, token_id: int, tokenizer) -> Logprob:
-    if lp.decoded_token is None:
-        lp.decoded_token = tokenizer.decode([token_id])
-    return lp

@@ -14,29 +14,45 @@ requests sharing a long prefix computes it once, not once per request.
 When a running request cannot get the blocks its tokens need, the lowest-priority request
 (largest (priority, arrival) key) is preempted: its blocks are freed and it waits again with
 its output so far, to be recomputed later. Nothing new is admitted in a step that preempted.
-Every path out of RUNNING goes through _release, which frees blocks exactly once.
+Every path out of RUNNING (preemption, finish, abort) returns the request's blocks exactly
+once, through the KV manager, which holds them by request id.
+
+The scheduler owns num_computed_tokens: it advances it when a step's results come back
+(computed()), and sets it at admission (past the cached prefix) and preemption (to 0). What
+it hands the model runner is plain data (pyserve/step.py), never a Request.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 from pyserve.config import SchedulerConfig
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
+from pyserve.step import PromptLogprobsInputs, SamplingInputs, ScheduledSequence, SchedulerOutput
 
 
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """The step computes the request's last known token, so it yields the next one."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int]) -> ScheduledSequence:
+    """A request's share of a step, as plain data. It is sampled when the step computes its
+    last known token (so it yields the next one)."""
+    first = request.num_computed_tokens
+    last = first + num_new_tokens
+    params = request.params
+    sampling = None
+    if last == request.num_tokens:
+        history = params.penalized
+        sampling = SamplingInputs(params, request.eos_token_ids, len(request.output_token_ids),
+                                  request.prompt_token_ids if history else [],
+                                  request.output_token_ids if history else [])
+    prompt_logprobs = None
+    if params.prompt_logprobs is not None:
+        prompt = request.prompt_token_ids
+        scored = range(first, min(last, len(prompt) - 1))
+        if scored:
+            prompt_logprobs = PromptLogprobsInputs(first + 1, prompt[first + 1: scored.stop + 1],
+                                                   params.prompt_logprobs)
+    return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
+                             block_ids, sampling, prompt_logprobs)
 
 
 class Scheduler:
@@ -46,6 +62,7 @@ class Scheduler:
         self.waiting: list[Request] = []  # sorted by _key
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._finished_ids: list[str] = []  # ended since the last step, for the runner
 
     def _key(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.config.scheduling_policy == "priority" else 0
@@ -57,28 +74,38 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledRequest]:
+    def schedule(self) -> SchedulerOutput:
+        """This step's sequences. A step with none still hands over the finished ids only when
+        a later step has sequences (the runner holds nothing that matters in between)."""
+        scheduled = self._schedule()
+        sequences = [scheduled_sequence(r, n, self.kv.block_ids(r.request_id)) for r, n in scheduled]
+        finished = []
+        if sequences:
+            finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(sequences, finished)
+
+    def _schedule(self) -> list[tuple[Request, int]]:
         budget = self.config.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
+        scheduled: list[tuple[Request, int]] = []
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(request, request.num_computed_tokens + n):
+            while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n):
                 victim = max(self.running, key=self._key)
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
                     break
                 # Under the priority policy the victim may already be scheduled this step.
-                for s in scheduled:
-                    if s.request is victim:
-                        scheduled.remove(s)
-                        budget += s.num_new_tokens
+                for entry in scheduled:
+                    if entry[0] is victim:
+                        scheduled.remove(entry)
+                        budget += entry[1]
                         break
             else:
-                scheduled.append(ScheduledRequest(request, n))
+                scheduled.append((request, n))
                 budget -= n
             i = self._index_after(request)
 
@@ -86,16 +113,22 @@ class Scheduler:
         while (not preempted and i < len(self.waiting) and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
-            if self.kv.prefix_in_flight(request):
+            use_cache = request.params.prompt_logprobs is None  # they need every position computed
+            if self.kv.prefix_in_flight(request.request_id, request.all_token_ids, use_cache):
                 i += 1  # let the request that computes the shared prefix finish it
                 continue
-            n = self.kv.allocate_new_request(request, budget)
-            if n is None:
+            admitted = self.kv.allocate_new(request.request_id, request.all_token_ids, budget,
+                                            use_cache, count_lookup=request.num_preemptions == 0)
+            if admitted is None:
                 break
+            cached, n = admitted
+            request.num_computed_tokens = cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = cached  # vLLM reports the first admission's hits
             self.waiting.pop(i)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(ScheduledRequest(request, n))
+            scheduled.append((request, n))
             budget -= n
         return scheduled
 
@@ -105,9 +138,16 @@ class Scheduler:
         except ValueError:  # it was preempted
             return len(self.running)
 
+    def computed(self, request: Request, num_new_tokens: int) -> None:
+        """A step computed num_new_tokens more of the request's tokens: their K/V are cached,
+        and its blocks that became full are registered for prefix reuse."""
+        request.num_computed_tokens += num_new_tokens
+        self.kv.cache_full_blocks(request.request_id, request.all_token_ids,
+                                  request.num_computed_tokens)
+
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self.kv.free(request)
+        self.kv.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
@@ -115,9 +155,11 @@ class Scheduler:
         self.add(request)
 
     def finish(self, request: Request) -> None:
-        """Takes a finished or aborted request out of the queues and frees its blocks."""
+        """Takes a finished or aborted request out of the queues; its blocks and everything
+        the KV manager and the runner hold for it go."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.kv.free(request)
+        self.kv.forget(request.request_id)
+        self._finished_ids.append(request.request_id)

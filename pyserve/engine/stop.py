@@ -10,7 +10,7 @@ from pyserve.engine.request import Request
 
 def append_token(request: Request, token_id: int, max_model_len: int) -> None:
     """Adds a sampled token to the request, its text, and finishes the request if it must."""
-    request.output_token_ids.append(token_id)
+    request.append_output(token_id)
     params = request.params
     n_out = len(request.output_token_ids)
     may_stop = n_out >= params.min_tokens

@@ -4,14 +4,14 @@
     multiprocess (mp):    rank 0 in this process, ranks 1..N-1 in spawned worker processes,
                           in lock step through pyserve._C's communicators.
 
-Both take a ShardSpec and offer execute(batch) -> StepResult, shutdown() and
-on_failure(callback). executor_class() is the one place that picks: a Ray executor for
-multi-node serving would be a third class behind the same interface."""
+Both take a ShardSpec and offer base.Executor's interface (prepare, execute, launch, finish,
+profile_run, on_failure, shutdown). executor_class() is the one place that picks: a Ray
+executor for multi-node serving would be a third class behind the same interface."""
 
 from __future__ import annotations
 
 from pyserve.config import ParallelConfig
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 
 def executor_class(parallel: ParallelConfig):

@@ -26,31 +26,52 @@ from multiprocessing.connection import wait
 import torch
 
 from pyserve import _native
+from pyserve.executor.base import Executor
 from pyserve.executor.shard import ShardSpec, build_model_runner
 from pyserve.executor.step_channel import StepChannel
 from pyserve.executor.worker import WorkerArgs, worker_main
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.layers.parallel import TPGroup
-from pyserve.model.runner import LaunchedStep, PreparedBatch, StepResult
+from pyserve.model.runner import ForwardInputs
 
 logger = logging.getLogger("pyserve")
 
 # Larger collectives go through a slot in chunks; this bounds the segment, not the tensors.
 MAX_SLOT_BYTES = 32 << 20
+# A worker's exit status when it found itself re-running the user's script at import
+WORKER_BOOTSTRAP_EXIT = 3
+UNGUARDED_SCRIPT = (
+    "tensor_parallel_size > 1 starts worker processes, which import your script again: create "
+    "the LLM under `if __name__ == \"__main__\":` (or in a function called from there), not at "
+    "the top level of the script")
 
 
-def slot_bytes(spec: ShardSpec, max_num_batched_tokens: int) -> int:
+def refuse_in_bootstrapping_child() -> None:
+    """Called before any worker is started. In a process that spawn is still bootstrapping
+    (a worker re-running the unguarded top level of the user's script), starting workers
+    would fail with multiprocessing's RuntimeError about the bootstrapping phase; this exits
+    instead: quietly in one of our workers (its parent reports UNGUARDED_SCRIPT), with the
+    sentence in any other process."""
+    if not getattr(mp.current_process(), "_inheriting", False):  # what spawn itself checks
+        return
+    if mp.current_process().name.startswith("pyserve-tp-rank"):
+        raise SystemExit(WORKER_BOOTSTRAP_EXIT)
+    raise SystemExit(UNGUARDED_SCRIPT)
+
+
+def slot_bytes(spec: ShardSpec) -> int:
     """Room for one step's hidden states in one piece."""
-    hidden = max_num_batched_tokens * spec.arch.hidden_size * spec.dtype.itemsize
+    hidden = spec.max_num_batched_tokens * spec.arch.hidden_size * spec.dtype.itemsize
     return min(max(hidden, 1 << 20), MAX_SLOT_BYTES)
 
 
-class MultiprocExecutor:
+class MultiprocExecutor(Executor):
     description = "multiprocess"
 
-    def __init__(self, spec: ShardSpec, max_num_batched_tokens: int = 2048):
+    def __init__(self, spec: ShardSpec):
+        refuse_in_bootstrapping_child()
         size = spec.tensor_parallel_size
-        if spec.device == "cuda" and _native.NcclCommunicator is None:
+        if spec.device == "cuda" and not _native.built_with_nccl():
             raise ModelLoadError("this build of pyserve._C has no NCCL: tensor parallelism on CUDA "
                                  "needs NCCL at build time")
         self.failure: str | None = None
@@ -61,7 +82,7 @@ class MultiprocExecutor:
         if spec.device == "cpu":
             torch.set_num_threads(threads)  # the ranks share this machine's cores
         name = f"/pyserve-tp-{os.getpid()}-{secrets.token_hex(6)}"
-        slot = slot_bytes(spec, max_num_batched_tokens)
+        slot = slot_bytes(spec)
         self.comm = _native.ShmCommunicator(name, 0, size, slot, create=True)
         nccl_id = _native.nccl_unique_id() if spec.device == "cuda" else None
         ctx = mp.get_context("spawn")
@@ -87,7 +108,10 @@ class MultiprocExecutor:
             self.comm.barrier()  # every rank loaded
         except Exception as exc:
             self.shutdown()
-            raise ModelLoadError(f"tensor-parallel start-up failed: {self.failure or exc}") from exc
+            error = ModelLoadError(f"tensor-parallel start-up failed: {self.failure or exc}")
+            if self.failure == UNGUARDED_SCRIPT:
+                raise error from None  # the cause is the script, not the communicator's abort
+            raise error from exc
         self.channel = StepChannel(self.comm)
         logger.info("tensor parallel: %d ranks (rank 0 pid %d, workers %s), %d thread(s) each",
                     size, os.getpid(), ", ".join(str(p.pid) for p in self.workers), threads)
@@ -96,17 +120,8 @@ class MultiprocExecutor:
     def rank_pids(self) -> list[int]:
         return [os.getpid(), *(p.pid for p in self.workers)]
 
-    def execute(self, batch: PreparedBatch) -> StepResult:
-        if self.failure is not None:
-            raise RuntimeError(self.failure)
-        self.channel.send(batch.inputs)
-        return self.runner.run(batch)
-
-    def launch(self, batch: PreparedBatch, notify) -> LaunchedStep:
-        if self.failure is not None:
-            raise RuntimeError(self.failure)
-        self.channel.send(batch.inputs)
-        return self.runner.launch(batch, notify)
+    def _broadcast(self, inputs: ForwardInputs) -> None:
+        self.channel.send(inputs)
 
     def on_failure(self, callback: Callable[[str], None]) -> None:
         """callback(reason) runs on the watchdog thread when a worker dies outside shutdown."""
@@ -126,7 +141,10 @@ class MultiprocExecutor:
         process.join(0.5)  # the sentinel can fire just before the exit status exists
         self.failure = (f"tensor-parallel worker {process.name} (pid {process.pid}) exited with "
                         f"code {process.exitcode}")
-        logger.error("%s; the engine cannot continue", self.failure)
+        if process.exitcode == WORKER_BOOTSTRAP_EXIT:
+            self.failure = UNGUARDED_SCRIPT  # start-up raises it
+        else:
+            logger.error("%s; the engine cannot continue", self.failure)
         self.comm.abort()
         for callback in self._callbacks:
             callback(self.failure)

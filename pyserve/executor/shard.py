@@ -9,12 +9,14 @@ from pathlib import Path
 
 import torch
 
-from pyserve.kv.cache import allocate_kv_caches, bytes_per_block
+from pyserve.kv.cache import KVLayout, allocate_kv_caches
+from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.layers.parallel import TPGroup, kv_heads_per_rank
 from pyserve.model.loader import load_model
 from pyserve.model.runner import ModelRunner
+from pyserve.step import dummy_lengths, dummy_step
 
 logger = logging.getLogger("pyserve")
 
@@ -69,11 +71,11 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
                        spec.int8_activations)
-    kv_heads = kv_heads_per_rank(spec.arch.num_kv_heads, tp.size)
+    layout = kv_layout(spec, tp.size)
     num_blocks = spec.num_blocks
     if num_blocks is None:
-        num_blocks = _measured_num_blocks(model, spec, tp, device, kv_heads)
-    kv_caches = allocate_kv_caches(spec.arch, kv_heads, num_blocks, spec.block_size, spec.dtype, device)
+        num_blocks = _measured_num_blocks(model, spec, tp, device, layout)
+    kv_caches = allocate_kv_caches(layout, num_blocks, spec.block_size, device)
     runner = ModelRunner(model, kv_caches, spec.block_size, device, spec.seed)
     if device.type == "cuda" and spec.cuda_graph_sizes:
         from pyserve.model.cuda_graphs import capture_decode_graphs
@@ -83,20 +85,27 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     return runner
 
 
+def kv_layout(spec: ShardSpec, tp_size: int) -> KVLayout:
+    arch = spec.arch
+    return KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim,
+                    spec.dtype)
+
+
 def max_blocks_per_seq(spec: ShardSpec) -> int:
-    return -(-spec.max_model_len // spec.block_size)
+    return cdiv(spec.max_model_len, spec.block_size)
 
 
-def _measured_num_blocks(model, spec: ShardSpec, tp: TPGroup, device: torch.device, kv_heads: int) -> int:
+def _measured_num_blocks(model, spec: ShardSpec, tp: TPGroup, device: torch.device,
+                         layout: KVLayout) -> int:
     """CUDA without --kv-cache-memory: the KV cache gets what the profiling forward leaves
     (kv/memory.py); every rank takes the smallest rank's count, so that all agree."""
     from pyserve.kv import memory
 
     weights = torch.cuda.memory_allocated(device)
-    forward = _profiling_forward(model, spec, device, kv_heads)
+    forward = _profiling_forward(model, spec, tp, device, layout)
     graph_tokens = max(spec.cuda_graph_sizes, default=0)
     profile = memory.measure(device, weights, forward, spec.max_num_batched_tokens, graph_tokens)
-    per_block = bytes_per_block(spec.arch, kv_heads, spec.block_size, spec.dtype)
+    per_block = layout.bytes_per_block(spec.block_size)
     plan = memory.plan_kv_cache(profile, spec.gpu_memory_utilization, per_block)
     num_blocks = plan.num_blocks
     if tp.size > 1:
@@ -108,40 +117,23 @@ def _measured_num_blocks(model, spec: ShardSpec, tp: TPGroup, device: torch.devi
     return num_blocks
 
 
-def _profiling_forward(model, spec: ShardSpec, device: torch.device, kv_heads: int):
-    """forward(num_tokens): one prefill-shaped forward over num_tokens dummy tokens, spread
-    over up to --max-num-seqs sequences as vLLM's profiling run does, with logits for each
-    sequence's last token and the sampler's softmax over them; its KV cache is a temporary
-    one just large enough, freed afterwards."""
-    from pyserve.model.layers.attention import AttentionMetadata
-
+def _profiling_forward(model, spec: ShardSpec, tp: TPGroup, device: torch.device, layout: KVLayout):
+    """forward(num_tokens): the dummy step (pyserve/step.py) over num_tokens tokens, run by a
+    runner on a temporary KV cache just large enough (freed afterwards), with the sampler's
+    work on each sequence's last token on rank 0."""
     bs = spec.block_size
 
-    @torch.inference_mode()
     def forward(num_tokens: int) -> None:
-        num_seqs = max(1, min(spec.max_num_seqs, num_tokens))
-        per_seq = min(-(-num_tokens // num_seqs), spec.max_model_len)
-        lengths = [per_seq] * (num_tokens // per_seq) + ([num_tokens % per_seq] if num_tokens % per_seq else [])
-        blocks_each = -(-per_seq // bs)
-        caches = allocate_kv_caches(spec.arch, kv_heads, blocks_each * len(lengths), bs, spec.dtype, device)
-        slots, positions, tables, starts = [], [], [], [0]
-        for i, n in enumerate(lengths):
-            first_block = i * blocks_each
-            positions += range(n)
-            slots += [(first_block + p // bs) * bs + p % bs for p in range(n)]
-            tables.append(list(range(first_block, first_block + blocks_each)))
-            starts.append(starts[-1] + n)
-        on = dict(device=device)
-        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.int64, **on),
-                                 torch.tensor(tables, dtype=torch.int32, **on),
-                                 torch.tensor(starts, dtype=torch.int32, **on),
-                                 torch.tensor(lengths, dtype=torch.int32, **on))
-        ids = torch.zeros(num_tokens, dtype=torch.int64, **on)
-        hidden = model(ids, torch.tensor(positions, dtype=torch.int64, **on), caches, meta)
-        last = torch.tensor(starts[1:], dtype=torch.int64, **on) - 1
-        logits = model.compute_logits(hidden[last])
-        if logits is not None:
-            logits.float().softmax(dim=-1).log()
-        del caches, hidden, logits
+        lengths = dummy_lengths(num_tokens, spec.max_num_seqs, spec.max_model_len)
+        blocks_each = cdiv(max(lengths), bs)
+        caches = allocate_kv_caches(layout, blocks_each * len(lengths), bs, device)
+        tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(lengths))]
+        runner = ModelRunner(model, caches, bs, device, spec.seed)
+        prepared = runner.prepare(dummy_step(lengths, tables))
+        if tp.rank == 0:
+            runner.run(prepared)
+        else:  # only rank 0 samples
+            runner.execute_model(prepared.inputs)
+        del caches, runner, prepared
 
     return forward

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.arith import cdiv
+from pyserve.errors import ModelLoadError
 
 GIB = 1024**3
 
@@ -49,7 +50,7 @@ def plan_kv_cache(profile: MemoryProfile, utilization: float, bytes_per_block: i
 def check_fits(plan: KVPlan, profile: MemoryProfile, utilization: float, block_size: int,
                max_model_len: int) -> None:
     """Refuses a KV cache that cannot hold one sequence of --max-model-len, naming the flags."""
-    need = -(-max_model_len // block_size)
+    need = cdiv(max_model_len, block_size)
     if plan.num_blocks >= need:
         return
     raise ModelLoadError(

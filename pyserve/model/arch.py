@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.gguf import convert_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -14,7 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.arith import cdiv
+from pyserve.errors import ModelLoadError
 
 # GGUF architecture -> (HF architecture, HF model_type)
 _ARCHITECTURES = {
@@ -200,7 +201,7 @@ def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[in
             dims = tuple(take("Q") for _ in range(take("I")))
             infos.append((name, take("I"), dims, take("Q")))
         alignment = int(meta.get("general.alignment") or 32)
-        start = -(-pos // alignment) * alignment
+        start = cdiv(pos, alignment) * alignment
     return meta.get("general.architecture"), [(n, t, d, start + o) for n, t, d, o in infos]
 
 

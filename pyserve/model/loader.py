@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from pyserve.model.arch import ModelArch
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.layers.parallel import SINGLE, TPGroup
 from pyserve.model.registry import model_class
 

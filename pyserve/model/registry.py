@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 # One decoder implementation covers these; ModelArch carries their differences
 # (qkv bias for Qwen2, q/k norm for Qwen3, rope scaling for Llama 3).

@@ -1,6 +1,8 @@
-"""One step on the device: scheduled requests -> input tensors (prepare, on the event loop,
-where request state lives) -> forward and sampling (run, safe to call from the model thread:
-it touches only the prepared tensors, the model and the sampling requests' generators).
+"""One step on the device: a SchedulerOutput (plain data, pyserve/step.py) -> input tensors
+(prepare, on the event loop) -> forward and sampling (run, safe to call from the model thread:
+it touches only the prepared tensors, the model and the seeded requests' generators) -> a
+ModelRunnerOutput. The runner never sees a request object; what it keeps per request (a
+seeded request's generator) is keyed by request id and dropped when the request ends.
 
 Under tensor parallelism every rank runs execute_model on the same ForwardInputs (rank 0
 prepares them; the executor ships them to the others); only rank 0 gets logits and samples.
@@ -13,31 +15,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyserve.engine.scheduler import ScheduledRequest
 from pyserve.model.layers.attention import AttentionMetadata
-from pyserve.model.sampler import (SamplerOutput, SamplingMetadata, build_metadata, read_result_table,
-                                   sample, sample_on_device)
+from pyserve.model.sampler import (SamplingMetadata, build_metadata, logprob_columns,
+                                   read_result_table, sample, sample_on_device)
+from pyserve.step import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
 
 
 @dataclass
 class PromptLogprobsRequest:
     """Rows of this step whose logits score the request's next prompt token."""
 
-    request_id: str  # the client's (group) id
+    request_id: str
     rows: list[int]
     targets: list[int]
     k: int
     first_position: int  # prompt position of the first target
-
-
-@dataclass
-class PromptLogprobs:
-    request_id: str
-    first_position: int
-    target_logprobs: list[float]
-    target_ranks: list[int]
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
 
 
 @dataclass
@@ -69,12 +61,6 @@ class PreparedBatch:
 
 
 @dataclass
-class StepResult:
-    sampled: SamplerOutput | None
-    prompt_logprobs: list[PromptLogprobs]
-
-
-@dataclass
 class LaunchedStep:
     """A step queued on the device; its results are readable once the stream has run it."""
 
@@ -94,35 +80,49 @@ class ModelRunner:
         self.vocab_size = model.arch.vocab_size
         # for requests without a seed; on the device, so that their noise is drawn there
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        # a seeded request's own generator, on the CPU so its tokens do not depend on the device
+        self._generators: dict[str, torch.Generator] = {}
         self.graphs = None  # DecodeGraphs, once captured (CUDA, without --enforce-eager)
         self._stream = None  # CUDA: the stream launch() queues steps on, made on first use
 
-    def prepare(self, batch: list[ScheduledRequest]) -> PreparedBatch:
+    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        if seed is None:
+            return None
+        generator = self._generators.get(request_id)
+        if generator is None:
+            generator = self._generators[request_id] = torch.Generator().manual_seed(seed)
+        return generator
+
+    @property
+    def num_tracked_requests(self) -> int:
+        return len(self._generators)
+
+    def prepare(self, step: SchedulerOutput) -> PreparedBatch:
+        for request_id in step.finished_request_ids:
+            self._generators.pop(request_id, None)
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
-        prompt_lp = []
-        max_blocks = max(len(s.request.block_ids) for s in batch)
-        tables = torch.zeros(len(batch), max_blocks, dtype=torch.int32)
-        for row, s in enumerate(batch):
-            r = s.request
-            first, last = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
-            tokens = r.token_ids()
-            input_ids.extend(tokens[first:last])
+        prompt_lp, sampling, generators = [], [], []
+        seqs = step.sequences
+        tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
+        for row, s in enumerate(seqs):
+            first, last = s.start, s.start + len(s.token_ids)
+            input_ids.extend(s.token_ids)
             positions.extend(range(first, last))
-            blocks = r.block_ids
+            blocks = s.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(first, last))
-            if r.params.prompt_logprobs is not None:
-                scored = range(first, min(last, len(r.prompt_token_ids) - 1))
-                if scored:
-                    prompt_lp.append(PromptLogprobsRequest(
-                        r.group_id, [starts[-1] + p - first for p in scored],
-                        [r.prompt_token_ids[p + 1] for p in scored], r.params.prompt_logprobs,
-                        scored.start + 1))
-            starts.append(starts[-1] + s.num_new_tokens)
+            if s.prompt_logprobs is not None:
+                lp = s.prompt_logprobs
+                prompt_lp.append(PromptLogprobsRequest(
+                    s.request_id, [starts[-1] + i for i in range(len(lp.targets))], lp.targets,
+                    lp.k, lp.first_position))
+            starts.append(starts[-1] + len(s.token_ids))
             seq_lens.append(last)
             tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            if s.samples:
+            if s.sampling is not None:
                 sample_rows.append(starts[-1] - 1)
+                sampling.append(s.sampling)
+                generators.append(self._generator(s.request_id, s.sampling.params.seed))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
             block_tables=tables,
@@ -133,10 +133,9 @@ class ModelRunner:
         inputs = ForwardInputs(torch.tensor(input_ids, dtype=torch.int64),
                                torch.tensor(positions, dtype=torch.int64), meta,
                                torch.tensor(logits_rows, dtype=torch.int64))
-        sampling_requests = [s.request for s in batch if s.samples]
         return PreparedBatch(
             inputs, len(sample_rows),
-            build_metadata(sampling_requests, self.vocab_size, self.device) if sampling_requests else None,
+            build_metadata(sampling, generators, self.vocab_size, self.device) if sampling else None,
             prompt_lp)
 
     @torch.inference_mode()
@@ -157,12 +156,12 @@ class ModelRunner:
         return None if logits is None else logits.float()
 
     @torch.inference_mode()
-    def run(self, batch: PreparedBatch) -> StepResult:
+    def run(self, batch: PreparedBatch) -> ModelRunnerOutput:
         logits = self.execute_model(batch.inputs)
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        return StepResult(sampled, self._prompt_logprobs(logits, batch))
+        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch))
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -194,22 +193,19 @@ class ModelRunner:
         return LaunchedStep(batch, table, prompt_logprobs)
 
     @staticmethod
-    def finish(step: LaunchedStep) -> StepResult:
+    def finish(step: LaunchedStep) -> ModelRunnerOutput:
         """After launch()'s notification: the step's results, read from host memory."""
         sampled = None
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
-        return StepResult(sampled, step.prompt_logprobs)
+        return ModelRunnerOutput(sampled, step.prompt_logprobs)
 
 
 @torch.inference_mode()
 def _prompt_logprobs(logits: torch.Tensor, req: PromptLogprobsRequest) -> PromptLogprobs:
-    logprobs = logits.log_softmax(dim=-1)
-    targets = torch.tensor(req.targets, device=logprobs.device)[:, None]
-    picked = logprobs.gather(1, targets)
-    ranks = (logprobs > picked).sum(dim=-1) + 1
-    top = logprobs.topk(req.k, dim=-1) if req.k > 0 else None
+    targets = torch.tensor(req.targets, device=logits.device)
+    picked, ranks, top = logprob_columns(logits, targets, req.k)
     n = len(req.rows)
-    return PromptLogprobs(req.request_id, req.first_position, picked[:, 0].tolist(), ranks.tolist(),
-                          top.indices.tolist() if top else [[]] * n,
+    return PromptLogprobs(req.request_id, req.first_position, picked[:, 0].tolist(),
+                          ranks[:, 0].tolist(), top.indices.tolist() if top else [[]] * n,
                           top.values.tolist() if top else [[]] * n)

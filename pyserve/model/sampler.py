@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pyserve.step import SampledLogprobs, SamplerOutput, SamplingInputs
+
 
 @dataclass
 class SamplingMetadata:
@@ -44,8 +46,10 @@ def _counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
     return counts[:, :vocab]
 
 
-def build_metadata(requests: list, vocab: int, device: torch.device) -> SamplingMetadata:
-    """On the event loop: plain per-request parameters -> batched tensors."""
+def build_metadata(requests: list[SamplingInputs], generators: list[torch.Generator | None],
+                   vocab: int, device: torch.device) -> SamplingMetadata:
+    """On the event loop: plain per-request sampling inputs -> batched tensors. generators[i]:
+    request i's own generator (seeded), or None (the runner's default)."""
     params = [r.params for r in requests]
     f32 = dict(dtype=torch.float32, device=device)
     greedy = [p.greedy for p in params]
@@ -55,7 +59,7 @@ def build_metadata(requests: list, vocab: int, device: torch.device) -> Sampling
         for token, value in (r.params.logit_bias or {}).items():
             if 0 <= token < vocab:
                 bias_rows.append(row), bias_ids.append(token), bias_values.append(value)
-        if len(r.output_token_ids) < r.params.min_tokens:
+        if r.num_output_tokens < r.params.min_tokens:
             for token in (*r.eos_token_ids, *r.params.stop_token_ids):
                 if token < vocab:
                     bias_rows.append(row), bias_ids.append(token), bias_values.append(float("-inf"))
@@ -79,23 +83,9 @@ def build_metadata(requests: list, vocab: int, device: torch.device) -> Sampling
         bias=(torch.tensor(bias_rows, device=device), torch.tensor(bias_ids, device=device),
               torch.tensor(bias_values, **f32)) if bias_rows else None,
         penalties=penalties,
-        generators=[r.generator for r in requests],
+        generators=list(generators),
         max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
     )
-
-
-@dataclass
-class SampledLogprobs:
-    token_logprobs: list[float]  # the chosen token's logprob, per row
-    token_ranks: list[int]
-    top_ids: list[list[int]]  # per row, max_num_logprobs alternatives
-    top_logprobs: list[list[float]]
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]
-    logprobs: SampledLogprobs | None
 
 
 def _apply_penalties(logits: torch.Tensor, penalties) -> torch.Tensor:
@@ -143,6 +133,16 @@ def _draw(weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.where(weights.gather(1, drawn[:, None]).squeeze(1) > 0, drawn, fallback)
 
 
+def logprob_columns(logits: torch.Tensor, targets: torch.Tensor, k: int):
+    """The one logprob computation, for sampled and prompt rows alike: logits [S, V] and one
+    target token a row -> (its logprob [S, 1], its rank [S, 1] (1 = the most likely), and the
+    k most likely (torch.topk's values and indices) or None for k = 0)."""
+    logprobs = logits.log_softmax(dim=-1)
+    picked = logprobs.gather(1, targets[:, None])
+    ranks = (logprobs > picked).sum(dim=-1, keepdim=True) + 1
+    return picked, ranks, logprobs.topk(k, dim=-1) if k > 0 else None
+
+
 def _result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
     """Everything the host needs from the sampler in one tensor, so that it crosses to the
     host in one copy: without logprobs (k < 0) the chosen ids [S] (int64); with them one
@@ -150,12 +150,9 @@ def _result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tens
     [chosen, logprob, rank, top-k ids..., top-k logprobs...]."""
     if k < 0:
         return chosen
-    logprobs = raw.log_softmax(dim=-1)
-    picked = logprobs.gather(1, chosen[:, None])
-    ranks = (logprobs > picked).sum(dim=-1, keepdim=True) + 1
+    picked, ranks, top = logprob_columns(raw, chosen, k)
     columns = [chosen[:, None], picked, ranks]
-    if k > 0:
-        top = logprobs.topk(k, dim=-1)
+    if top is not None:
         columns += [top.indices, top.values]
     return torch.cat([c.double() for c in columns], dim=1)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from pyserve.config import ModelConfig
 from pyserve.model.arch import ModelArch
 from pyserve.model.default_model import DEFAULT_MODEL_NAME, default_gguf_path, ensure_default_model
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.gguf import convert_gguf
 from pyserve.model.registry import model_class
 

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import logging
+import re
 import signal
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
 from pyserve import __version__
 from pyserve.config import Config
+from pyserve.server.auth import OPEN_PATHS, APIKeyCheck
 from pyserve.server.cors import CORS
 from pyserve.server.errors import APIError, error_body, error_response
 from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
@@ -28,10 +30,11 @@ from pyserve.server.router import Router, normalize_path
 
 logger = logging.getLogger("pyserve")
 
-# Answered without an API key.
 # /health turns 503 when work is pending and no step has finished for this long (the longest
 # CPU step, a full 2048-token prefill of a 135M model, takes about 5 s on two cores).
 STALL_LIMIT_S = 60.0
+# a client's X-Request-Id: visible ASCII only, so it can be logged and echoed as a header as is
+REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}")
 # how long a dead engine's server keeps answering /health with 503 before it exits
 ENGINE_DEAD_EXIT_DELAY_S = 1.0
 
@@ -45,16 +48,30 @@ class ServerState:
         self.phase = "loading"
         self.engine = None
         self.cors = CORS(config.server)
+        self.auth = APIKeyCheck(config.server.api_key)
 
     async def handle(self, request: Request) -> Response:
         if CORS.is_preflight(request):
-            return self.cors.preflight(request)
-        response = await self._route(request)
-        self.cors.decorate(request, response)
+            response = self.cors.preflight(request)
+        else:
+            response = await self._route(request)
+            self.cors.decorate(request, response)
+        if self.config.server.enable_request_id_headers:
+            # checked in _route, so nothing the client sent can split a response header
+            given = request.headers.get("x-request-id")
+            ok = given is not None and REQUEST_ID.fullmatch(given)
+            response.headers.append(("x-request-id", given if ok else uuid.uuid4().hex))
         return response
 
     async def _route(self, request: Request) -> Response:
         path = normalize_path(request.target)
+        if self.auth.enabled and path not in OPEN_PATHS and not self.auth.allows(request):
+            return self.auth.refusal()  # before routing: unknown paths too, and while loading
+        given = request.headers.get("x-request-id")
+        if given is not None and not REQUEST_ID.fullmatch(given):
+            return error_response(400, "the X-Request-Id header must be 1 to 256 visible ASCII "
+                                  "characters (no spaces; a repeated header counts as one with "
+                                  "', ')")
         if path == "/health":
             return self._health()
         if path == "/ping":
@@ -63,17 +80,12 @@ class ServerState:
             return Response(200, orjson.dumps({"version": __version__}))
         if self.phase != "ready":
             return error_response(503, f"the server is {self.phase}")
-        key = self.config.server.api_key
-        if key is not None and (path == "/v1" or path.startswith("/v1/")):  # vLLM guards /v1 only
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return error_response(401, "missing or invalid API key")
         try:
             response = await self.router(request)
         except APIError as exc:
             response = error_response(exc.status, exc.message, exc.param)
             response.headers.extend(exc.headers)
-        if not self.config.server.disable_log_requests:
+        if self.config.server.enable_log_requests:
             logger.info("%s %s -> %d", request.method, path, response.status)
         return response
 
@@ -97,23 +109,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _build_routes(state: ServerState, engine, model_name: str, max_model_len: int,
-                  model_root: str) -> Router:
+def _build_routes(state: ServerState, engine) -> Router:
     from pyserve.server.openai.serving import OpenAIServing
 
-    serving = OpenAIServing(engine, model_name, state.config.server)
+    serving = OpenAIServing(engine, state.config.server)
     router = Router(error_response)
 
     async def models(request: Request) -> Response:  # one card per served name, as vLLM
         return Response(200, orjson.dumps({"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "pyserve",
-            "root": model_root, "parent": None, "max_model_len": max_model_len}
+            "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len}
             for name in serving.names]}))
 
     from pyserve.server.metrics import metrics_handler
 
     router.add("GET", "/v1/models", models)
-    router.add("GET", "/metrics", metrics_handler(engine.core, model_name))
+    router.add("GET", "/metrics", metrics_handler(engine, engine.model_name))
     router.add("POST", "/tokenize", serving.tokenize)
     router.add("POST", "/detokenize", serving.detokenize)
     router.add("POST", "/v1/completions", serving.completions)
@@ -152,12 +163,11 @@ async def serve(config: Config) -> int:
 
     t = time.perf_counter()
     from pyserve.engine.async_engine import AsyncEngine
-    from pyserve.engine.core import EngineCore
-    from pyserve.model.errors import ModelLoadError
+    from pyserve.errors import ModelLoadError
 
     # Everything that runs the model (loading, warm-up, steps) runs on this one thread.
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
-    build = loop.run_in_executor(model_thread, EngineCore, config)
+    build = loop.run_in_executor(model_thread, AsyncEngine.from_config, config, model_thread)
     done, _ = await asyncio.wait({build, asyncio.ensure_future(stop.wait())},
                                  return_when=asyncio.FIRST_COMPLETED)
     if build not in done:
@@ -165,29 +175,26 @@ async def serve(config: Config) -> int:
         server.close()
         return 0
     try:
-        core = build.result()
+        engine = build.result()
     except ModelLoadError as exc:
         logger.error("%s", exc)
         server.close()
         return 1
     step("engine built (model, KV cache, scheduler)", t)
     tp = config.parallel.tensor_parallel_size
-    logger.info("start-up: executor: %s, tensor-parallel size %d (ranks: %s)", core.executor.description,
-                tp, ", ".join(f"{rank} (pid {pid})" for rank, pid in enumerate(core.executor.rank_pids)))
+    logger.info("start-up: executor: %s, tensor-parallel size %d (ranks: %s)", engine.executor_description,
+                tp, ", ".join(f"{rank} (pid {pid})" for rank, pid in enumerate(engine.rank_pids)))
     t = time.perf_counter()
-    warmup = core.warmup_tokens()
-    await loop.run_in_executor(model_thread, core.profile_run, warmup)
+    warmup = await engine.warm_up()
     step(f"profiling and warm-up forward over {warmup} tokens", t)
-    engine = AsyncEngine(core, model_thread)
     engine.start()
     engine.last_progress = time.monotonic()
     state.engine = engine
-    state.router = _build_routes(state, engine, core.model_name, core.max_model_len,
-                                 str(core.model_path))
+    state.router = _build_routes(state, engine)
     state.phase = "ready"
     gc.freeze()
     logger.info("start-up: ready in %.2fs; serving %s on http://%s:%d", time.perf_counter() - t0,
-                core.model_name, config.server.host, config.server.port)
+                engine.model_name, config.server.host, config.server.port)
 
     await asyncio.wait({asyncio.ensure_future(stop.wait()), asyncio.ensure_future(engine.died.wait())},
                        return_when=asyncio.FIRST_COMPLETED)
@@ -203,7 +210,7 @@ async def serve(config: Config) -> int:
     state.phase = "shutting down"
     server.close()  # stop accepting connections
     deadline = time.monotonic() + grace["s"]
-    while core.has_unfinished() and time.monotonic() < deadline:
+    while engine.has_unfinished() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     aborted = engine.abort_all()
     if aborted:

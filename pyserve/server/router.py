@@ -11,9 +11,14 @@ from pyserve.server.http import Handler, Request, Response
 
 
 def normalize_path(target: str) -> str:
-    """'/v1//models/?x=1', '//v1/models', '/v1/%6Dodels' -> '/v1/models'. (Not urlsplit: it
-    would read '//v1/models' as a host name.)"""
-    path = unquote(target.split("?", 1)[0].split("#", 1)[0])
+    """'/v1//models/?x=1', '//v1/models', '/v1/%6Dodels', 'http://host/v1/models' ->
+    '/v1/models'. (Not urlsplit: it would read '//v1/models' as a host name.) The API-key check
+    and the router both see this form, so no spelling of a path reaches a route unchecked."""
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    scheme, sep, rest = path.partition("://")
+    if sep and scheme.lower() in ("http", "https"):  # absolute form (RFC 9112 3.2.2)
+        path = "/" + rest.partition("/")[2]
+    path = unquote(path)
     return posixpath.normpath("/" + path.lstrip("/"))
 
 
@@ -27,8 +32,9 @@ class Router:
         if method == "GET":
             self._routes[path].setdefault("HEAD", handler)
 
-    def paths(self) -> list[str]:
-        return sorted(self._routes)
+    def routes(self) -> list[tuple[str, str]]:
+        """Every (method, path) served, for tests that must cover each route."""
+        return sorted((method, path) for path, methods in self._routes.items() for method in methods)
 
     async def __call__(self, request: Request) -> Response:
         path = normalize_path(request.target)

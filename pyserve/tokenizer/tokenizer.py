@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.tokenizer.fast import GENERIC_CLASSES, load_fast_tokenizer
 
 

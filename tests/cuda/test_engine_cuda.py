@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pyserve import LLM, SamplingParams, _native
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 CUDA = torch.cuda.is_available() and _native.built_with_cuda()
 pytestmark = [
@@ -74,13 +74,13 @@ def test_cuda_graphs_and_eager_match_the_cpu():
     finally:
         logger.removeHandler(log)
     text = "\n".join(log.lines)
-    runner = graphed.engine.runner
+    runner = graphed.engine.executor.runner
     assert runner.graphs is not None and runner.graphs.sizes == (1, 2, 4, 8)
     assert "GPU memory:" in text and "CUDA graphs: captured 4" in text
     assert runner.num_blocks * 16 >= 256  # measured, and at least one full sequence
     eager = LLM(tiny_model_dir(), device="cuda", dtype="float32", max_model_len=256, enforce_eager=True,
                 kv_cache_memory="64MiB")
-    assert eager.engine.runner.graphs is None
+    assert eager.engine.executor.runner.graphs is None
     cpu_ids, cpu_lp = on_cpu()
     for name, llm in (("graphs", graphed), ("eager", eager)):
         ids, lp = generate(llm)

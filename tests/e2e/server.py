@@ -16,12 +16,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, timeout: float = 120.0):
+    def __init__(self, *flags: str, timeout: float = 120.0, command: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
+        """command: what comes before the flags (e.g. ("serve", MODEL)); env: variables added
+        to this process's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", "--host", "127.0.0.1",
-                                      "--port", str(self.port), *flags],
+        env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", *command, "--host",
+                                      "127.0.0.1", "--port", str(self.port), *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

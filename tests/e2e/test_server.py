@@ -134,8 +134,10 @@ def test_api_key(default_model_dir):
         assert good.models.list().data[0].id == "house-model"
         status, body = raw(srv, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 200 and body == {"status": "ok"}
-        # as in vLLM, the key guards /v1 only: a Prometheus scraper needs none
-        status, _, _ = http_json(srv, "GET", "/metrics")
+        # every route but the health ones needs the key (a Prometheus scraper sends it too)
+        status, _, headers = http_json(srv, "GET", "/metrics")
+        assert status == 401 and headers["www-authenticate"] == "Bearer"
+        status, _, _ = http_json(srv, "GET", "/metrics", headers={"Authorization": "Bearer sekret"})
         assert status == 200
     finally:
         assert srv.stop() == 0
@@ -189,15 +191,17 @@ def test_metrics_and_a_client_leaving_mid_stream(server, client):
     while True:
         status, text, headers = http_json(server, "GET", "/metrics")
         text = text.decode()
-        if metric(text, "pyserve:num_requests_running") == 0 or time.monotonic() > deadline:
+        if metric(text, "vllm:num_requests_running") == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert status == 200 and headers["content-type"].startswith("text/plain")
-    assert metric(text, "pyserve:num_requests_running") == 0
-    assert 'pyserve:request_success_total{finished_reason="abort"' in text
-    assert metric(text, "pyserve:kv_cache_usage_perc") == 0.0
-    assert metric(text, "pyserve:generation_tokens_total") > 0
-    assert "pyserve:time_to_first_token_seconds_bucket" in text
+    assert metric(text, "vllm:num_requests_running") == 0
+    # as in vLLM, a request its client abandons is not a finished request; the series is there
+    assert ('vllm:request_success_total{engine="0",finished_reason="abort",'
+            f'model_name="{MODEL}"}} 0.0') in text
+    assert metric(text, "vllm:kv_cache_usage_perc") == 0.0
+    assert metric(text, "vllm:generation_tokens_total") > 0
+    assert "vllm:time_to_first_token_seconds_bucket" in text
 
 
 def test_echo_prompt_logprobs_and_continuous_usage(server, client):

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(default_model_dir):
     srv = ServerProcess("--allowed-origins", "https://ok.example", "--max-header-bytes", "4096",
-                        "--max-request-body-bytes", "100000", "--max-num-queued-requests", "200")
+                        "--max-request-body-bytes", "100000", "--max-num-queued-requests", "200",
+                        "--trust-request-chat-template")
     yield srv
     assert srv.stop() == 0
 

@@ -11,7 +11,7 @@ import uvloop
 from pyserve import LLM, SamplingParams
 from pyserve.engine.async_engine import AsyncEngine
 from pyserve.engine.core import EngineCore
-from pyserve.engine.sampling_params import RequestOutputKind
+from pyserve.sampling_params import RequestOutputKind
 
 PROMPTS = ["Hello, world!", "The quick brown fox jumps over", "Paris is the capital of", "0 1 2 3",
            "Tokyo is the capital of Japan. Python, C++ and CUDA.", "A paged KV cache"]

@@ -9,7 +9,7 @@ import uvloop
 
 from pyserve import LLM, SamplingParams
 from pyserve.engine.async_engine import AsyncEngine
-from pyserve.engine.sampling_params import RequestOutputKind
+from pyserve.sampling_params import RequestOutputKind
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyserve import LLM, SamplingParams
-from pyserve.engine.sampling_params import SamplingParams as SP
+from pyserve.sampling_params import SamplingParams as SP
 
 PROMPTS = ["Hello, world!", "The quick brown fox jumps over", "Paris is the capital of", "0 1 2 3"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -93,7 +93,7 @@ def test_refusals_name_the_problem(llm):
     (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
     (dict(n=0), "n"), (dict(presence_penalty=3), "presence_penalty"),
     (dict(frequency_penalty=-2.5), "frequency_penalty"), (dict(repetition_penalty=0), "repetition_penalty"),
-    (dict(logit_bias={5: 200}), "logit_bias"), (dict(logprobs=-1), "logprobs"),
+    (dict(logit_bias={5: 200}), "logit_bias"), (dict(logprobs=-2), "logprobs"),
     (dict(max_tokens=0), "max_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
     (dict(stop=[""]), "stop"), (dict(stop_token_ids=[-1]), "stop_token_ids"),
 ])
@@ -171,7 +171,7 @@ def test_step_limits_default_per_device(llm, model_dir):
     seqs = LLM(str(model_dir), kv_cache_memory="16MiB", max_model_len=256, max_num_seqs=300)
     assert (seqs.engine.scheduler.config.max_num_batched_tokens, seqs.engine.scheduler.config.max_num_seqs) == (300, 300)
     from pyserve.config import SchedulerConfig
-    from pyserve.engine.core import resolve_step_limits
+    from pyserve.executor.plan import resolve_step_limits
     cuda = resolve_step_limits(SchedulerConfig(), torch.device("cuda"))
     assert (cuda.max_num_seqs, cuda.max_num_batched_tokens) == (256, 2048)
 

@@ -52,7 +52,8 @@ def test_blocks_are_shared_by_reference_while_running(model_dir):
     engine.add_request("b", ids[1], GREEDY)
     engine.step()
     a, b = engine.scheduler.running
-    common = [x for x, y in zip(a.block_ids, b.block_ids) if x == y]
+    common = [x for x, y in zip(engine.kv.block_ids(a.request_id), engine.kv.block_ids(b.request_id))
+              if x == y]
     assert len(common) >= 4
     assert all(engine.kv.pool.ref_count(block) == 2 for block in common)
     engine.abort("a")
@@ -90,13 +91,13 @@ def test_a_burst_sharing_a_prefix_computes_it_once(model_dir):
     for i, p in enumerate(ids):
         core.add_request(f"r{i}", p, GREEDY)
     first = core.schedule()
-    assert [s.request.request_id for s in first] == ["r0"]  # the others wait for its blocks
-    outputs = {o.request_id: o for o in core.process(first, core.run(core.prepare(first)))}
+    assert [s.request_id for s in first.sequences] == ["r0"]  # the others wait for its blocks
+    outputs = {o.request_id: o for o in core.update(first, core.run(core.prepare(first)))}
     second = core.schedule()
-    admitted = [s for s in second if s.request.request_id != "r0"]
+    admitted = [s for s in second.sequences if s.request_id != "r0"]
     assert len(admitted) == 3
-    assert all(s.request.num_computed_tokens >= 4 * 16 for s in admitted)  # cached prefix
-    for o in core.process(second, core.run(core.prepare(second))):
+    assert all(s.start >= 4 * 16 for s in admitted)  # their cached prefix is not computed again
+    for o in core.update(second, core.run(core.prepare(second))):
         outputs[o.request_id] = o
     while core.has_unfinished():
         for o in core.step():
@@ -113,9 +114,9 @@ def test_a_preempted_or_aborted_prefix_owner_releases_the_waiters(model_dir):
     core = on.engine
     core.add_request("owner", ids[0], GREEDY)
     core.add_request("waiter", ids[1], GREEDY)
-    assert [s.request.request_id for s in core.schedule()] == ["owner"]
+    assert [s.request_id for s in core.schedule().sequences] == ["owner"]
     core.abort("owner")  # before its step ran: its blocks were never cached
-    assert [s.request.request_id for s in core.schedule()] == ["waiter"]
+    assert [s.request_id for s in core.schedule().sequences] == ["waiter"]
     assert not core.kv._computing or all(core.kv._computing.values())
 
 

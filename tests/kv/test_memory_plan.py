@@ -4,7 +4,7 @@ measurement itself runs in tests/cuda/test_engine_cuda.py."""
 import pytest
 
 from pyserve.kv.memory import GIB, MemoryProfile, check_fits, memory_table, plan_kv_cache
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 
 def profile(**changes) -> MemoryProfile:
@@ -64,7 +64,10 @@ def test_profiling_forward_runs_any_shape_and_frees_its_cache():
     spec = ShardSpec(arch, Path("."), "dummy", torch.float32, "cpu", max_model_len=64, seed=0,
                      block_size=16, num_blocks=None, tensor_parallel_size=1, max_num_seqs=4)
     model = load_model(arch, Path("."), "dummy", torch.float32, torch.device("cpu"), 64, seed=0)
-    forward = _profiling_forward(model, spec, torch.device("cpu"), arch.num_kv_heads)
+    from pyserve.executor.shard import kv_layout
+    from pyserve.model.layers.parallel import SINGLE
+
+    forward = _profiling_forward(model, spec, SINGLE, torch.device("cpu"), kv_layout(spec, 1))
     for tokens in (1, 7, 100, 300):
         assert forward(tokens) is None
 
@@ -72,7 +75,7 @@ def test_profiling_forward_runs_any_shape_and_frees_its_cache():
 def test_cuda_needs_a_cuda_device():
     import torch
 
-    from pyserve.engine.core import resolve_device
+    from pyserve.executor.plan import resolve_device
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")

@@ -16,7 +16,7 @@ def test_bf16_weights_stay_close_to_float32(default_model_dir):
     params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=0, ignore_eos=True)
     full = LLM(str(default_model_dir), dtype="float32", max_num_batched_tokens=512)
     narrow = LLM(str(default_model_dir), dtype="bfloat16", max_num_batched_tokens=512)
-    assert narrow.engine.runner.model.lm_head.weight.dtype == torch.bfloat16
+    assert narrow.engine.executor.runner.model.lm_head.weight.dtype == torch.bfloat16
     assert narrow.engine.dtype == torch.float32  # activations and KV cache
     for conversation in conversations():
         a = full.chat(conversation, params)[0].outputs[0]

@@ -60,7 +60,7 @@ def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_mode
     long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 60)  # > 512 tokens
     params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, prompt_logprobs=2, ignore_eos=True)
     quantized = LLM(str(gguf_file), max_num_batched_tokens=1024)
-    model = quantized.engine.runner.model
+    model = quantized.engine.executor.runner.model
     layer = model.model.layers[0]
     assert layer.mlp.gate_up_proj.packed.dtype == torch.uint8  # Q4_1 panels
     assert model.model.embed_tokens.packed.dtype == torch.uint8  # Q8_0 panels
@@ -89,9 +89,9 @@ def test_int8_activations_stay_close_to_the_exact_output(gguf_file):
     from benchmarks.int8_accuracy import PROMPTS as ACCURACY_PROMPTS, measure
 
     fast = LLM(str(gguf_file), gguf_activations="int8")
-    layer = fast.engine.runner.model.model.layers[0]
+    layer = fast.engine.executor.runner.model.model.layers[0]
     assert layer.mlp.gate_up_proj.packed.dtype == torch.int8  # marked for integer dot products
-    assert fast.engine.runner.model.model.embed_tokens.packed.dtype == torch.int8  # Q8_0 too
+    assert fast.engine.executor.runner.model.model.embed_tokens.packed.dtype == torch.int8  # Q8_0 too
     del fast
     result = measure(str(gguf_file), ACCURACY_PROMPTS[:6], 32)
     assert result.top1_agree / result.positions > 0.85, result.describe()

@@ -17,7 +17,7 @@ def _run(llm, prompts):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "mistral"])  # qwen2: qkv bias
 def test_native_layer_equals_python_layer(tiny_model_factory, arch):
     llm = LLM(str(tiny_model_factory(arch)), max_num_batched_tokens=512)
-    layers = llm.engine.runner.model.model.layers
+    layers = llm.engine.executor.runner.model.model.layers
     assert all(layer.native is not None for layer in layers)
     prompts = [list(range(3, 3 + PACKED_MAX_ROWS + 40)), [5, 6, 7], list(range(10, 50))]
     native = _run(llm, prompts)
@@ -28,4 +28,4 @@ def test_native_layer_equals_python_layer(tiny_model_factory, arch):
 
 def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory):
     llm = LLM(str(tiny_model_factory("qwen3")))  # q/k norm
-    assert all(layer.native is None for layer in llm.engine.runner.model.model.layers)
+    assert all(layer.native is None for layer in llm.engine.executor.runner.model.model.layers)

@@ -6,17 +6,24 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from pyserve.engine.request import Request
-from pyserve.engine.sampling_params import SamplingParams
 from pyserve.model.sampler import _apply_penalties, _draw, _top_k_top_p, build_metadata, sample
+from pyserve.sampling_params import SamplingParams
+from pyserve.step import SamplingInputs
 
 VOCAB = 64
 
 
 def request(prompt, output=(), **params):
-    r = Request("r", list(prompt), SamplingParams(**params), eos_token_ids=(2,), max_tokens=100)
-    r.output_token_ids = list(output)
-    return r
+    """One row's sampling inputs, as the scheduler hands them over (histories always given)."""
+    return SamplingInputs(SamplingParams(**params), (2,), len(output), list(prompt), list(output))
+
+
+def metadata(reqs, vocab=VOCAB, seeded=True):
+    """Batched metadata; seeded rows get their own generator (the runner's rule) unless
+    seeded is False (all rows then draw from the default generator)."""
+    generators = [torch.Generator().manual_seed(r.params.seed)
+                  if seeded and r.params.seed is not None else None for r in reqs]
+    return build_metadata(reqs, generators, vocab, torch.device("cpu"))
 
 
 def logits(rows=3, seed=0):
@@ -28,7 +35,7 @@ def test_repetition_penalty_matches_transformers():
             request([1, 2], [3], repetition_penalty=0.7),
             request([9], [], repetition_penalty=1.0)]
     x = logits()
-    meta = build_metadata(reqs, VOCAB, torch.device("cpu"))
+    meta = metadata(reqs)
     ours = _apply_penalties(x, meta.penalties)
     for i, r in enumerate(reqs):
         ids = torch.tensor([r.prompt_token_ids + r.output_token_ids])
@@ -40,7 +47,7 @@ def test_frequency_and_presence_penalties_follow_the_openai_formula():
     reqs = [request([5, 6], [8, 8, 8, 9], frequency_penalty=0.5, presence_penalty=1.0),
             request([5, 6], [8], frequency_penalty=-1.0)]
     x = logits(2)
-    meta = build_metadata(reqs, VOCAB, torch.device("cpu"))
+    meta = metadata(reqs)
     ours = _apply_penalties(x, meta.penalties)
     expected = x.clone()
     expected[0, 8] -= 3 * 0.5 + 1.0
@@ -53,7 +60,7 @@ def test_frequency_and_presence_penalties_follow_the_openai_formula():
 def test_top_k_top_p_keep_what_transformers_keeps(top_k, top_p):
     x = logits(4, seed=top_k)
     reqs = [request([1], temperature=0.7, top_k=top_k, top_p=top_p) for _ in range(4)]
-    meta = build_metadata(reqs, VOCAB, torch.device("cpu"))
+    meta = metadata(reqs)
     ours = _top_k_top_p(x, meta.top_k, meta.top_p)
     theirs = x.clone()
     if top_k:
@@ -69,9 +76,7 @@ def test_min_p_and_temperature_agree_with_transformers():
     r = request([1], temperature=0.5, min_p=0.2, seed=0)
     theirs = MinPLogitsWarper(0.2)(None, TemperatureLogitsWarper(0.5)(None, x.clone()))
     allowed = set(torch.nonzero(~torch.isinf(theirs[0])).flatten().tolist())
-    meta = build_metadata([r], VOCAB, torch.device("cpu"))
-    r.generator = None  # draw from the default generator, seeded differently each time
-    meta = build_metadata([r], VOCAB, torch.device("cpu"))
+    meta = metadata([r], seeded=False)  # draw from the default generator, seeded differently each time
     drawn = {sample(x.clone(), meta, torch.Generator().manual_seed(i)).token_ids[0] for i in range(300)}
     assert drawn <= allowed and len(drawn) > 1
 
@@ -80,7 +85,7 @@ def test_sampling_draws_from_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     x = torch.log(probs).repeat(4000, 1)
     reqs = [request([1], temperature=1.0) for _ in range(4000)]
-    meta = build_metadata(reqs, 4, torch.device("cpu"))
+    meta = metadata(reqs, 4)
     tokens = torch.tensor(sample(x, meta, torch.Generator().manual_seed(0)).token_ids)
     freq = torch.bincount(tokens, minlength=4).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03), freq
@@ -103,8 +108,8 @@ def test_seeded_sampling_is_independent_of_the_batch():
     alone = [request([1], temperature=0.9, top_k=20, seed=7)]
     mixed = [request([1], temperature=0.9), request([1], temperature=0.9, top_k=20, seed=7),
              request([1], temperature=0.0)]
-    a = sample(x[1:2].clone(), build_metadata(alone, VOCAB, torch.device("cpu")), torch.Generator())
-    b = sample(x.clone(), build_metadata(mixed, VOCAB, torch.device("cpu")), torch.Generator().manual_seed(3))
+    a = sample(x[1:2].clone(), metadata(alone), torch.Generator())
+    b = sample(x.clone(), metadata(mixed), torch.Generator().manual_seed(3))
     assert a.token_ids[0] == b.token_ids[1]
     assert b.token_ids[2] == x[2].argmax().item()
 
@@ -116,14 +121,14 @@ def test_logit_bias_and_min_tokens_ban():
     x[1, 2] = 10.0  # EOS would win
     x[1, 11] = 9.0  # then the stop token
     x[1, 12] = 1.0
-    meta = build_metadata(reqs, VOCAB, torch.device("cpu"))
+    meta = metadata(reqs)
     assert sample(x, meta, torch.Generator()).token_ids == [7, 12]
 
 
 def test_logprobs_are_raw_and_ranked():
     x = logits(2)
     reqs = [request([1], temperature=0.0, logprobs=3), request([1], temperature=0.0, logprobs=1)]
-    meta = build_metadata(reqs, VOCAB, torch.device("cpu"))
+    meta = metadata(reqs)
     out = sample(x, meta, torch.Generator())
     raw = x.log_softmax(-1)
     assert out.token_ids == x.argmax(-1).tolist()

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pyserve.config import ModelConfig
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 from pyserve.model.registry import SUPPORTED_ARCHITECTURES
 from pyserve.model.source import resolve_model
 

@@ -11,7 +11,7 @@ import uvloop
 from pyserve.config import Config
 from pyserve.engine.async_engine import AsyncEngine
 from pyserve.engine.core import EngineCore
-from pyserve.engine.sampling_params import SamplingParams
+from pyserve.sampling_params import SamplingParams
 from pyserve.server.app import STALL_LIMIT_S, ServerState
 from pyserve.server.http import Request
 from pyserve.server.openai.serving import _OFF_LOOP_CHARS, OpenAIServing
@@ -51,7 +51,7 @@ def test_health_phases_and_stall(config):
 def test_large_inputs_are_tokenized_off_the_loop(config):
     async def main():
         engine = AsyncEngine(EngineCore(config))
-        serving = OpenAIServing(engine, "m", config.server)
+        serving = OpenAIServing(engine, config.server)
         threads = []
         real_encode = serving.tokenizer.encode
 
@@ -81,7 +81,7 @@ def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(config):
     async def main():
         core = EngineCore(config)
         engine = AsyncEngine(core)
-        serving = OpenAIServing(engine, "m", config.server)
+        serving = OpenAIServing(engine, config.server)
         calls = {"n": 0}
         real_run = core.run
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyserve.arith import cdiv
 from pyserve import _native
 from pyserve.model.layers.linear import apply_linear
 from pyserve.model.layers.parallel import SINGLE, TPGroup
@@ -17,7 +18,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp = tp
         self.dtype = dtype  # of the activations; the table may be stored narrower
-        self.rows_per_rank = -(-vocab_size // tp.size)
+        self.rows_per_rank = cdiv(vocab_size, tp.size)
         self.vocab_start = tp.rank * self.rows_per_rank
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size, dtype=dtype),
                                    requires_grad=False)

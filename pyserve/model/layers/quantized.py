@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pyserve.model.errors import ModelLoadError
+from pyserve.errors import ModelLoadError
 
 # GGUF types the CPU kernel reads directly -> bytes per block of 32 weights
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}

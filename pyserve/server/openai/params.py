@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pyserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.errors import InvalidRequest
+from pyserve.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.server.errors import APIError
 
 _INT64 = (-2**63, 2**63 - 1)
@@ -114,6 +115,9 @@ def check_unsupported(body: dict, stream: bool) -> None:
         if body.get(name) not in (None, [], {}, ""):  # empty is vLLM's own default: absent
             raise APIError(400, f"{name} is not supported by this server (no structured-output "
                            "backend)", name)
+    if body.get("stream_options") is not None and not stream:
+        raise APIError(400, "Stream options can only be defined when `stream=True`.",
+                       "stream_options")
     prompt_logprobs = field(body, "prompt_logprobs", int)
     if stream and prompt_logprobs is not None and prompt_logprobs != 0:
         raise APIError(400, "prompt_logprobs are not available when stream is enabled",
@@ -148,9 +152,7 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
         return SamplingParams(
             **values, max_tokens=max_tokens, logprobs=logprobs,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
-    except ValueError as exc:
-        name = str(exc).split(" ", 1)[0]
-        raise APIError(400, str(exc), name if name in _FIELDS or name in (
-            "max_tokens", "logprobs") else None) from None
+    except InvalidRequest as exc:
+        raise APIError(400, exc.message, exc.param) from None
     except TypeError as exc:
         raise APIError(400, f"invalid sampling parameter: {exc}") from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pyserve.errors import InvalidRequest
+
 
 class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0  # every output carries all text and token ids so far
@@ -49,13 +51,13 @@ class SamplingParams:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError):
-                raise ValueError("logit_bias must map token ids to numbers") from None
+                raise InvalidRequest("logit_bias", "logit_bias must map token ids to numbers") from None
         self._validate()
 
     def _validate(self) -> None:
         def need(ok: bool, name: str, message: str) -> None:
             if not ok:
-                raise ValueError(f"{name} {message}")
+                raise InvalidRequest(name, f"{name} {message}")
 
         need(isinstance(self.n, int) and self.n >= 1, "n", f"must be at least 1, got {self.n}")
         need(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
@@ -79,10 +81,11 @@ class SamplingParams:
              f"must be positive, got {self.repetition_penalty}")
         need(all(-100.0 <= b <= 100.0 for b in (self.logit_bias or {}).values()), "logit_bias",
              "values must be in [-100, 100]")
-        need(self.logprobs is None or self.logprobs >= 0, "logprobs",
-             f"must be non-negative, got {self.logprobs}")
-        need(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
-             f"must be non-negative, got {self.prompt_logprobs}")
+        # -1: the whole vocabulary, as in vLLM (the engine resolves it against the model)
+        need(self.logprobs is None or self.logprobs >= -1, "logprobs",
+             f"must be -1 (all) or non-negative, got {self.logprobs}")
+        need(self.prompt_logprobs is None or self.prompt_logprobs >= -1, "prompt_logprobs",
+             f"must be -1 (all) or non-negative, got {self.prompt_logprobs}")
 
     @property
     def greedy(self) -> bool:

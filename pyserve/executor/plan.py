@@ -1,0 +1,181 @@
+"""Start-up resolution, as one pure function of the configuration: which device, dtype, model
+length, EOS ids, step limits, KV-cache size and order, CUDA graph sizes and GGUF handling the
+engine runs with, and the shard spec every rank loads. It reads the model's config.json and
+generation_config.json (and converts a .gguf once), never its weights, so it is testable
+without them; EngineCore builds its executor, KV cache and scheduler from the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pyserve import _native
+from pyserve.config import Config, SchedulerConfig
+from pyserve.errors import ModelLoadError
+from pyserve.executor.shard import ShardSpec, check_tensor_parallel
+from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
+from pyserve.arith import cdiv
+from pyserve.model.cuda_graphs import capture_sizes
+from pyserve.model.layers.parallel import kv_heads_per_rank
+from pyserve.model.loader import resolve_dtype
+from pyserve.model.source import resolve_model
+
+logger = logging.getLogger("pyserve")
+
+CUDA_HEAD_SIZES = (64, 128, 256)  # csrc/cuda/attention.cu's instantiations
+# (max_num_seqs, max_num_batched_tokens) by device type, where not given
+STEP_LIMITS = {"cpu": (128, 128), "cuda": (256, 2048)}
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    config: Config  # with the step limits filled in
+    device: str  # "cpu" or "cuda"
+    model_name: str  # the name the API reports
+    model_path: Path
+    architecture: str
+    tokenizer_path: Path
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]  # config.json's and (unless --generation-config vllm) the generation config's
+    block_size: int
+    bytes_per_block: int  # on one rank
+    num_blocks: int | None  # None: measured on the GPU after loading (kv/memory.py)
+    block_order: str  # "resident" or "lru"
+    weights: str  # how the weights are held, for the start-up log
+    shard: ShardSpec
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        return cdiv(self.max_model_len, self.block_size)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: CUDA where torch sees a device and pyserve._C has CUDA kernels, else the CPU."""
+    cuda_ready = torch.cuda.is_available() and _native.built_with_cuda()
+    if name == "auto":
+        return torch.device("cuda" if cuda_ready else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: this torch sees no CUDA device")
+    if name == "cuda" and not cuda_ready:
+        raise ModelLoadError("--device cuda: this build of pyserve._C has no CUDA kernels (it was "
+                             "built without nvcc or against a CPU torch); rebuild it, or use --device cpu")
+    return torch.device(name)
+
+
+def resolve_max_model_len(requested: int | None, arch) -> int:
+    limit = arch.max_position_embeddings
+    if requested is not None and requested > limit:
+        raise ModelLoadError(f"--max-model-len {requested} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+    length = requested or limit
+    if arch.sliding_window is not None and arch.sliding_window < length:
+        logger.warning("sliding-window attention is not implemented; capping --max-model-len "
+                       "at the window, %d tokens", arch.sliding_window)
+        length = arch.sliding_window
+    return length
+
+
+def resolve_step_limits(scheduler: SchedulerConfig, device: torch.device) -> SchedulerConfig:
+    """Fills in --max-num-seqs and --max-num-batched-tokens where they were not given.
+
+    On the CPU a step's time grows with its tokens: a 512-token step takes half a second, and
+    every request in it (each running decode too) waits for all of it. Steps of 128 tokens gave
+    the same throughput with lower median times to first token (python -m benchmarks.serve,
+    W2: 931 against 1,703 ms; W4 with prefix caching: 1,110 against 2,124 ms), and a lone
+    2,000-token prompt its first token 2 % later. A GPU step costs about the same at 2,048
+    tokens as at 512. The budget is kept at least max_num_seqs, so that every running sequence
+    gets its token each step; a given budget below the default sequence count caps that."""
+    seqs_default, budget_default = STEP_LIMITS["cuda" if device.type == "cuda" else "cpu"]
+    seqs, budget = scheduler.max_num_seqs, scheduler.max_num_batched_tokens
+    if seqs is None:
+        seqs = seqs_default if budget is None else min(seqs_default, budget)
+    if budget is None:
+        budget = max(budget_default, seqs)
+    return dataclasses.replace(scheduler, max_num_seqs=seqs, max_num_batched_tokens=budget)
+
+
+def _int8_activations(requested: str) -> bool:
+    if requested != "int8":
+        return False
+    if not _native.int8_dot_supported():
+        logger.warning("--gguf-activations int8 needs a CPU with AVX-512 VNNI (and an extension "
+                       "built on one); using float32 activations")
+        return False
+    return True
+
+
+def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
+    name = lambda d: str(d).removeprefix("torch.")
+    if weight_dtype == dtype:
+        return name(dtype)
+    return f"{name(weight_dtype)} weights, {name(dtype)} activations"
+
+
+def _eos_ids(arch, model_path: Path, generation_config: str) -> tuple[int, ...]:
+    """config.json's EOS ids, and the generation config's (vLLM stops on those too) unless
+    --generation-config vllm; a folder given there is read instead of the model's."""
+    ids = set(arch.eos_token_ids)
+    if generation_config != "vllm":
+        folder = model_path if generation_config == "auto" else Path(generation_config)
+        gen_file = folder / "generation_config.json"
+        if gen_file.is_file():
+            try:
+                eos = json.loads(gen_file.read_text()).get("eos_token_id")
+            except (OSError, ValueError):
+                eos = None
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return tuple(sorted(i for i in ids if isinstance(i, int)))
+
+
+def resolve(config: Config) -> EnginePlan:
+    device = resolve_device(config.device.device)
+    config = dataclasses.replace(config, scheduler=resolve_step_limits(config.scheduler, device))
+    source = resolve_model(config.model)
+    arch = source.arch
+    dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
+    max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
+    tp = config.parallel.tensor_parallel_size
+    check_tensor_parallel(arch, tp)
+    if device.type == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES:
+        raise ModelLoadError(f"head_dim {arch.head_dim} is not supported on CUDA (the attention "
+                             f"kernel has head sizes {', '.join(map(str, CUDA_HEAD_SIZES))}); "
+                             "use --device cpu")
+    block_size = config.cache.block_size
+    per_block = KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp), arch.head_dim,
+                         dtype).bytes_per_block(block_size)
+    need = cdiv(max_model_len, block_size)
+    num_blocks = None
+    if device.type == "cpu" or config.cache.kv_cache_memory is not None:
+        budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+        num_blocks = budget // per_block
+        if num_blocks < need:
+            raise ModelLoadError(
+                f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
+                f"hold one sequence of --max-model-len {max_model_len} ({need} blocks); raise "
+                "--kv-cache-memory or lower --max-model-len")
+    sched = config.scheduler
+    graph_sizes = ()
+    if device.type == "cuda" and not config.device.enforce_eager:
+        graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
+    gguf_kept = source.gguf_path is not None and device.type == "cpu" and dtype == torch.float32
+    int8 = gguf_kept and _int8_activations(config.model.gguf_activations)
+    weights = (f"GGUF weights from {source.gguf_path.name}, "
+               f"{'int8' if int8 else 'float32'} activations" if gguf_kept
+               else _dtype_name(dtype, weight_dtype))
+    order = config.cache.kv_block_order
+    if order == "auto":
+        order = "lru" if device.type == "cuda" else "resident"
+    shard = ShardSpec(arch, source.path, config.model.load_format, dtype, device.type,
+                      max_model_len, config.model.seed, block_size, num_blocks, tp, weight_dtype,
+                      source.gguf_path, config.cache.gpu_memory_utilization,
+                      sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8)
+    return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
+                      source.tokenizer_path, arch.vocab_size, max_model_len,
+                      _eos_ids(arch, source.path, config.model.generation_config), block_size,
+                      per_block, num_blocks, order, weights, shard)

@@ -1,0 +1,96 @@
+"""Streamed completions and chat completions: the engine's outputs for every prompt of a
+request, merged as they come, as server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+
+from pyserve.server.errors import error_body
+from pyserve.server.openai.logprobs import completion_logprobs, echoed
+
+
+def sse(obj) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
+                        continuous_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed response: per choice a role chunk (chat), then one chunk
+    per engine output, optional usage, then [DONE]. However it ends (a client gone, an engine
+    failure) every prompt's request is discarded, so nothing keeps running."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(p, it):
+        try:
+            async for out in it:
+                await queue.put((p, out))
+        except Exception as exc:
+            await queue.put((p, exc))
+        finally:
+            await queue.put((p, None))
+
+    tasks = [asyncio.ensure_future(pump(p, it)) for p, (_, it) in enumerate(streams)]
+    obj = "chat.completion.chunk" if meta["chat"] else "text_completion"
+    head = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
+    open_streams, started = len(tasks), set()
+    generated: dict[int, int] = {}  # tokens generated, per choice
+    text_offsets: dict[int, int] = {}  # where a choice's next token starts (completions)
+    # a prompt's logprobs ride on the first output of its group, whichever choice that is
+    prompt_logprobs: dict[int, list] = {}
+    try:
+        while open_streams:
+            p, out = await queue.get()
+            if out is None:
+                open_streams -= 1
+                continue
+            if isinstance(out, Exception):
+                yield b"data: " + error_body(500, f"generation failed: {out}") + b"\n\n"
+                break
+            if out.prompt_logprobs is not None:
+                prompt_logprobs.setdefault(p, out.prompt_logprobs)
+            meta["cached_tokens"][p] = out.num_cached_tokens
+            for c in out.outputs:
+                index = p * meta["n"] + c.index
+                prompt_tokens = meta["prompt_tokens"][p]
+                if meta["chat"] and index not in started:
+                    started.add(index)
+                    role = {**head, "choices": [{"index": index, "logprobs": None, "finish_reason": None,
+                                                 "delta": {"role": meta["role"], "content": ""}}]}
+                    if continuous_usage:
+                        role["usage"] = usage_counts(prompt_tokens, 0)
+                    yield sse(role)
+                choice = serving.choice(meta, index, c, final=False)
+                if meta["echo"] is not None and index not in started:
+                    started.add(index)
+                    choice["text"], choice["logprobs"] = echoed(
+                        meta, p, c, prompt_logprobs.get(p), serving.tokenizer)
+                elif meta["echo_only"]:
+                    choice["text"], choice["logprobs"] = "", None
+                elif not meta["chat"] and c.logprobs is not None:
+                    choice["logprobs"] = completion_logprobs(
+                        c.token_ids, c.logprobs, serving.tokenizer, text_offsets.get(index, 0))
+                lp = choice["logprobs"] if not meta["chat"] else None
+                if lp and lp["tokens"]:  # offsets follow the tokens, not the text held back for stop strings
+                    text_offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                generated[index] = generated.get(index, 0) + len(c.token_ids)
+                chunk = {**head, "choices": [choice]}
+                if continuous_usage:
+                    chunk["usage"] = usage_counts(prompt_tokens, generated[index])
+                yield sse(chunk)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": serving.usage(
+                sum(meta["prompt_tokens"]), sum(generated.values()), meta)})
+        yield b"data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
+        for rid, _ in streams:
+            serving.engine.discard(rid)

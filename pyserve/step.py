@@ -1,0 +1,112 @@
+"""The step boundary: what crosses from the scheduler to the model runner and back, as plain
+data. The engine side (scheduler, output processing) and the model side (runner, sampler)
+both import this module and nothing of each other.
+
+    Scheduler.schedule() -> SchedulerOutput -> executor -> runner: tensors, forward, sampling
+    -> ModelRunnerOutput -> engine: update requests, stop checks, detokenize
+
+The runner never sees a Request: each scheduled sequence carries the tokens to compute, where
+they start, the request's block table and, when its last row is sampled, what sampling needs.
+A seeded request's generator is the runner's, keyed by request id, created on first use and
+dropped when the request's id comes back in finished_request_ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyserve.arith import cdiv
+from pyserve.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingInputs:
+    """What the sampler needs of one request, for the row that yields its next token."""
+
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...]  # banned below min_tokens
+    num_output_tokens: int
+    # token history for penalties; empty unless params.penalized
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PromptLogprobsInputs:
+    """This step's prompt positions whose next prompt token is scored (prompt_logprobs)."""
+
+    first_position: int  # prompt position of the first scored target
+    targets: list[int]  # the prompt tokens scored, one per computed row from the chunk's start
+    k: int  # alternatives per position
+
+
+@dataclass
+class ScheduledSequence:
+    request_id: str
+    token_ids: list[int]  # the tokens computed this step, at positions start, start + 1, ...
+    start: int  # num_computed_tokens before the step
+    block_ids: list[int]  # the request's whole block table
+    sampling: SamplingInputs | None = None  # set when the step's last row yields a token
+    prompt_logprobs: PromptLogprobsInputs | None = None
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    sequences: list[ScheduledSequence]
+    # requests ended since the last step: the runner drops what it holds for them
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.sequences)
+
+
+@dataclass
+class SampledLogprobs:
+    token_logprobs: list[float]  # the chosen token's logprob, per sampled row
+    token_ranks: list[int]
+    top_ids: list[list[int]]  # per row, the batch's largest requested number of alternatives
+    top_logprobs: list[list[float]]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per sequence with sampling inputs, in the step's order
+    logprobs: SampledLogprobs | None
+
+
+@dataclass
+class PromptLogprobs:
+    request_id: str
+    first_position: int
+    target_logprobs: list[float]
+    target_ranks: list[int]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled: SamplerOutput | None
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+
+
+def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
+    """num_tokens of dummy prompts spread over as many sequences as a step may hold, as vLLM's
+    profiling run spreads them (each at most max_model_len - 1 tokens, so one more fits)."""
+    num_seqs = max(1, min(max_num_seqs, num_tokens))
+    per_seq = min(cdiv(num_tokens, num_seqs), max(1, max_model_len - 1))
+    full, rest = divmod(num_tokens, per_seq)
+    return [per_seq] * full + ([rest] if rest else [])
+
+
+def dummy_step(lengths: list[int], block_tables: list[list[int]]) -> SchedulerOutput:
+    """Prompts of token 0 with the given lengths and block tables, each sampled greedily once:
+    the one dummy batch of the start-up profiling and warm-up forwards."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=1)
+    return SchedulerOutput([
+        ScheduledSequence(f"dummy-{i}", [0] * n, 0, blocks, SamplingInputs(greedy, (), 0))
+        for i, (n, blocks) in enumerate(zip(lengths, block_tables))])

@@ -1,0 +1,276 @@
+"""`vllm serve`'s flags, by what pyserve does with each, so a vLLM command line works after
+changing only the command name, or fails at once with the reason.
+
+- HONOURED: flags pyserve's own parser (cli.py) defines under vLLM's name and meaning, with
+  where the value lands (an attribute path of cli.ServeArgs; None: what pyserve always does).
+- FOREIGN: flags with no use here. Each is accepted silently for the values that mean what
+  pyserve does anyway (`--kv-cache-dtype auto`, `-pp 1`), and otherwise either accepted with a
+  one-line warning (`warn`: nothing a client would notice changes) or refused with exit 2
+  (`refuse`: pyserve would serve something other than what was asked for).
+
+A flag in neither table is refused as not supported (refuse_unknown), never with argparse's
+bare "unrecognized arguments". vLLM's conventions for writing flags and values are here too:
+--snake_case spellings, human-readable integers (4k, 8G)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+HONOURED: dict[str, str | None] = {
+    "--model": "config.model.model",
+    "--tokenizer": "config.model.tokenizer",
+    "--served-model-name": "config.model.served_model_name",
+    "--dtype": "config.model.dtype",
+    "--max-model-len": "config.model.max_model_len",
+    "--seed": "config.model.seed",
+    "--load-format": "config.model.load_format",
+    "--generation-config": "config.model.generation_config",
+    "--override-generation-config": "config.model.override_generation_config",
+    "--max-logprobs": "config.model.max_logprobs",
+    "--download-dir": "config.model.download_dir",
+    "--block-size": "config.cache.block_size",
+    "--gpu-memory-utilization": "config.cache.gpu_memory_utilization",
+    "--kv-cache-memory-bytes": "config.cache.kv_cache_memory",
+    "--enable-prefix-caching": "config.cache.enable_prefix_caching",
+    "--max-num-seqs": "config.scheduler.max_num_seqs",
+    "--max-num-batched-tokens": "config.scheduler.max_num_batched_tokens",
+    "--scheduling-policy": "config.scheduler.scheduling_policy",
+    "--disable-log-stats": "config.scheduler.log_stats_interval",
+    "--tensor-parallel-size": "config.parallel.tensor_parallel_size",
+    "--distributed-executor-backend": "config.parallel.distributed_executor_backend",
+    "--device": "config.device.device",
+    "--enforce-eager": "config.device.enforce_eager",
+    "--cuda-graph-sizes": "config.device.cuda_graph_sizes",
+    "--host": "config.server.host",
+    "--port": "config.server.port",
+    "--api-key": "config.server.api_key",
+    "--allowed-origins": "config.server.allowed_origins",
+    "--allowed-methods": "config.server.allowed_methods",
+    "--allowed-headers": "config.server.allowed_headers",
+    "--allow-credentials": "config.server.allow_credentials",
+    "--chat-template": "config.server.chat_template",
+    "--enable-log-requests": "config.server.enable_log_requests",
+    "--disable-log-requests": None,  # vLLM's old flag: not logging requests is the default
+    "--max-log-len": "config.server.max_log_len",
+    "--enable-request-id-headers": "config.server.enable_request_id_headers",
+    "--trust-request-chat-template": "config.server.trust_request_chat_template",
+    "--response-role": "config.server.response_role",
+    "--enable-prompt-tokens-details": "config.server.enable_prompt_tokens_details",
+    "--log-level": "log_level",
+    "--uvicorn-log-level": "log_level",
+}
+
+
+@dataclass(frozen=True)
+class ForeignFlag:
+    names: tuple[str, ...]  # vLLM's spellings; the first is the one messages name
+    reason: str  # why it is ignored or refused, a verb phrase whose subject is pyserve
+    refuse: bool = False  # values outside `fine` exit 2 (else: a warning)
+    action: str = "store"  # "store" (one value), "many" (one or more), "switch", "bool" (--x/--no-x)
+    type: type = str
+    fine: tuple = ()  # values that mean what pyserve does anyway: accepted silently
+
+    @property
+    def dest(self) -> str:
+        return self.names[0].lstrip("-").replace("-", "_")
+
+
+_NO_HUB = "loads local model directories and GGUF files only, nothing from the Hugging Face hub"
+_NO_TLS = "serves plain HTTP; put a TLS-terminating proxy in front of it"
+_NO_LORA = "serves no LoRA adapters"
+_NO_MM = "serves text-only models"
+
+FOREIGN: tuple[ForeignFlag, ...] = (
+    # accepted for what pyserve always does
+    ForeignFlag(("--enable-chunked-prefill",), "always splits long prompts into chunks of "
+                "--max-num-batched-tokens, which changes no output", action="bool", fine=(True,)),
+    ForeignFlag(("--disable-sliding-window",), "has no sliding-window attention and always caps "
+                "--max-model-len at the window, as this flag does", action="switch", fine=(True,)),
+    ForeignFlag(("--disable-frontend-multiprocessing",), "always runs its API server and engine "
+                "in one process", action="switch", fine=(True,)),
+    ForeignFlag(("--preemption-mode",), "preempts by recomputation only", refuse=True,
+                fine=("recompute",)),
+    ForeignFlag(("--task",), "serves text generation only", refuse=True, fine=("auto", "generate")),
+    ForeignFlag(("--runner",), "serves text generation only", refuse=True, fine=("auto", "generate")),
+    ForeignFlag(("--tokenizer-mode",), "reads Hugging Face tokenizers (tokenizer.json) only",
+                refuse=True, fine=("auto", "hf", "slow")),
+    ForeignFlag(("--kv-cache-dtype",), "keeps the KV cache in the model's dtype (--dtype); fp8 "
+                "caches are not implemented", refuse=True, fine=("auto",)),
+    ForeignFlag(("--quantization", "-q"), "runs unquantized weights and GGUF Q4_1 / Q8_0 files "
+                "only (pass the .gguf as the model)", refuse=True, fine=("gguf",)),
+    ForeignFlag(("--pipeline-parallel-size", "-pp"), "has tensor parallelism only (-tp N), no "
+                "pipeline parallelism", refuse=True, type=int, fine=(1,)),
+    ForeignFlag(("--data-parallel-size", "-dp"), "runs one engine per server; start one server "
+                "per replica behind a load balancer", refuse=True, type=int, fine=(1,)),
+    ForeignFlag(("--api-server-count",), "runs one API server process", refuse=True, type=int,
+                fine=(1,)),
+    ForeignFlag(("--cpu-offload-gb",), "keeps all weights on the device it runs on", refuse=True,
+                type=float, fine=(0.0,)),
+    # accepted with a warning: nothing a client would notice changes
+    ForeignFlag(("--trust-remote-code",), "runs no code from model repositories: its own model "
+                "code serves each supported architecture", action="switch"),
+    ForeignFlag(("--revision",), _NO_HUB), ForeignFlag(("--code-revision",), _NO_HUB),
+    ForeignFlag(("--tokenizer-revision",), _NO_HUB), ForeignFlag(("--hf-token",), _NO_HUB),
+    ForeignFlag(("--swap-space",), "preempts by recomputation and keeps no CPU swap space",
+                type=float),
+    ForeignFlag(("--disable-custom-all-reduce",), "has its own collectives (shared memory on the "
+                "CPU, NCCL on CUDA) and no custom all-reduce to turn off", action="switch"),
+    ForeignFlag(("--max-seq-len-to-capture",), "captures CUDA graphs of decode steps only "
+                "(--cuda-graph-sizes); longer steps run eagerly anyway", type=int),
+    ForeignFlag(("--compilation-config", "-O"), "does not use torch.compile (decode steps replay "
+                "CUDA graphs; --enforce-eager turns them off)"),
+    ForeignFlag(("--enable-expert-parallel", "-ep"), "serves dense models only", action="switch"),
+    ForeignFlag(("--max-parallel-loading-workers",), "loads weights in one pass", type=int),
+    ForeignFlag(("--root-path",), "serves its routes at /, which is what a proxy that strips the "
+                "prefix needs"),
+    ForeignFlag(("--disable-fastapi-docs",), "serves no /docs, /redoc or /openapi.json",
+                action="switch"),
+    ForeignFlag(("--disable-uvicorn-access-log",), "has no access log (requests are logged only "
+                "with --enable-log-requests)", action="switch"),
+    ForeignFlag(("--enable-log-outputs",), "logs requests, not their outputs", action="switch"),
+    ForeignFlag(("--enable-server-load-tracking",), "reports its load in /metrics only",
+                action="switch"),
+    ForeignFlag(("--otlp-traces-endpoint",), "exports no OpenTelemetry traces"),
+    # refused: pyserve would serve something other than what was asked for
+    ForeignFlag(("--ssl-keyfile",), _NO_TLS, refuse=True),
+    ForeignFlag(("--ssl-certfile",), _NO_TLS, refuse=True),
+    ForeignFlag(("--ssl-ca-certs",), _NO_TLS, refuse=True),
+    ForeignFlag(("--enable-lora",), _NO_LORA, refuse=True, action="switch"),
+    ForeignFlag(("--lora-modules",), _NO_LORA, refuse=True, action="many"),
+    ForeignFlag(("--max-loras",), _NO_LORA, refuse=True, type=int),
+    ForeignFlag(("--max-lora-rank",), _NO_LORA, refuse=True, type=int),
+    ForeignFlag(("--enable-auto-tool-choice",), "has no tool-call parser: tools reach the chat "
+                "template only with tool_choice \"none\"", refuse=True, action="switch"),
+    ForeignFlag(("--tool-call-parser",), "has no tool-call parser", refuse=True),
+    ForeignFlag(("--reasoning-parser",), "does not separate reasoning content", refuse=True),
+    ForeignFlag(("--speculative-config",), "has no speculative decoding", refuse=True),
+    ForeignFlag(("--limit-mm-per-prompt",), _NO_MM, refuse=True),
+    ForeignFlag(("--mm-processor-kwargs",), _NO_MM, refuse=True),
+    ForeignFlag(("--hf-overrides",), "reads a model's config.json as it is", refuse=True),
+    ForeignFlag(("--enable-sleep-mode",), "has no sleep mode", refuse=True, action="switch"),
+    ForeignFlag(("--middleware",), "takes no ASGI middleware (it has its own HTTP server)",
+                refuse=True, action="many"),
+    ForeignFlag(("--config",), "reads no YAML config file; pass the flags, or PYSERVE_<FLAG> "
+                "environment variables", refuse=True),
+)
+
+
+def add_foreign_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds every FOREIGN flag to parser in one help group; each defaults to None (not given)."""
+    g = parser.add_argument_group(
+        "vLLM flags pyserve has no use for",
+        "accepted where they mean what pyserve does anyway, else warned about or refused")
+    for flag in FOREIGN:
+        kwargs = dict(dest=flag.dest, default=None, help=f"{_verdict(flag)}: pyserve {flag.reason}")
+        if flag.action == "switch":
+            kwargs["action"] = "store_true"
+        elif flag.action == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs.update(type=flag.type, metavar="VALUE")
+            if flag.action == "many":
+                kwargs["nargs"] = "+"
+        g.add_argument(*flag.names, **kwargs)
+
+
+def _verdict(flag: ForeignFlag) -> str:
+    otherwise = "refused" if flag.refuse else "ignored"
+    if flag.action == "switch":
+        return "accepted" if flag.fine else otherwise
+    if flag.action == "bool":
+        return f"accepted; --no-{flag.names[0][2:]} {otherwise}" if flag.fine else otherwise
+    if flag.fine:
+        return f"{', '.join(map(str, flag.fine))}: accepted; other values {otherwise}"
+    return otherwise
+
+
+def check_foreign(args: dict) -> list[str]:
+    """Pops every FOREIGN dest from args; returns the warnings to log. Raises ValueError with
+    the sentence to print (exit 2) for the first refused one."""
+    warnings = []
+    for flag in FOREIGN:
+        value = args.pop(flag.dest)
+        if value is None:
+            continue
+        if value in flag.fine:
+            continue
+        if flag.action in ("switch", "bool"):
+            shown = flag.names[0]
+        else:
+            shown = f"{flag.names[0]} {' '.join(value) if isinstance(value, list) else value}"
+        if flag.action == "bool" and value is False:
+            shown = "--no-" + flag.names[0][2:]
+        if flag.refuse:
+            raise ValueError(f"pyserve does not support {shown}: it {flag.reason}")
+        warnings.append(f"{shown} is ignored: pyserve {flag.reason}")
+    return warnings
+
+
+def foreign_names() -> list[str]:
+    return [name for flag in FOREIGN for name in flag.names]
+
+
+# -- vLLM's command-line conventions ---------------------------------------------------------
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int:
+    """vLLM's human-readable integers: 25600, 25.6k (decimal: k m g t), 25K (binary: K M G T)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", text.strip())
+    if match is None:
+        value = int(text)
+    elif match[2] in _DECIMAL:
+        value = int(float(match[1]) * _DECIMAL[match[2]])
+    elif "." in match[1]:
+        raise argparse.ArgumentTypeError(f"{text}: a binary suffix ({match[2]}) takes a whole "
+                                         f"number; did you mean {match[1]}{match[2].lower()}?")
+    else:
+        value = int(match[1]) * _BINARY[match[2]]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def human_readable_int_or_auto(text: str) -> int | None:
+    """vLLM's --max-model-len: a human-readable integer, or -1 / auto (here: the model's)."""
+    if text.strip() in ("-1", "auto"):
+        return None
+    return human_readable_int(text)
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """--max_model_len=8 -> --max-model-len=8, as vLLM's parser takes flags."""
+    out = []
+    for arg in argv:
+        if arg == "--":
+            out.extend(argv[len(out):])
+            break
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str]) -> None:
+    """Exits 2 on the first argument the parser did not take, saying what it is."""
+    if not extras:
+        return
+    flags = [e for e in extras if e.startswith("-") and not _is_number(e)]
+    if flags:
+        parser.error(f"pyserve does not support {flags[0].partition('=')[0]} (`{parser.prog} "
+                     "--help` lists the flags it takes)")
+    parser.error(f"unexpected argument '{extras[0]}'")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,212 @@
+"""Every vLLM flag pyserve knows (pyserve/vllm_flags.py) does what its table says: honoured (the
+value reaches its Config field, no warning), warned (one warning line naming it, parse
+succeeds) or refused (exit 2, a sentence naming it); an unknown flag exits 2 saying so."""
+
+import operator
+
+import pytest
+
+from pyserve.cli import parse_serve
+from pyserve.vllm_flags import FOREIGN, HONOURED, foreign_names
+
+GiB = 1024**3
+
+# vLLM flag -> (argv, expected value at HONOURED[flag]); {dir} is an existing directory
+HONOURED_EXAMPLES = {
+    "--model": (["--model", "{dir}"], "{dir}"),
+    "--tokenizer": (["--tokenizer", "{dir}"], "{dir}"),
+    "--served-model-name": (["--served-model-name", "a", "b"], ("a", "b")),
+    "--dtype": (["--dtype", "bfloat16"], "bfloat16"),
+    "--max-model-len": (["--max-model-len", "4k"], 4000),
+    "--seed": (["--seed", "7"], 7),
+    "--load-format": (["--load-format", "safetensors"], "safetensors"),
+    "--generation-config": (["--generation-config", "vllm"], "vllm"),
+    "--override-generation-config": (["--override-generation-config",
+                                      '{"top_p": 0.9, "temperature": 0.5}'],
+                                     (("temperature", 0.5), ("top_p", 0.9))),
+    "--max-logprobs": (["--max-logprobs", "-1"], -1),
+    "--download-dir": (["--download-dir", "{dir}"], "{dir}"),
+    "--block-size": (["--block-size", "32"], 32),
+    "--gpu-memory-utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
+    "--kv-cache-memory-bytes": (["--kv-cache-memory-bytes", "2G"], 2 * GiB),
+    "--enable-prefix-caching": (["--no-enable-prefix-caching"], False),
+    "--max-num-seqs": (["--max-num-seqs", "8"], 8),
+    "--max-num-batched-tokens": (["--max-num-batched-tokens", "2K"], 2048),
+    "--scheduling-policy": (["--scheduling-policy", "priority"], "priority"),
+    "--disable-log-stats": (["--disable-log-stats"], 0.0),
+    "--tensor-parallel-size": (["-tp", "2"], 2),
+    "--distributed-executor-backend": (["--distributed-executor-backend", "mp"], "mp"),
+    "--device": (["--device", "cpu"], "cpu"),
+    "--enforce-eager": (["--enforce-eager"], True),
+    "--cuda-graph-sizes": (["--cuda-graph-sizes", "8", "16"], (8, 16)),
+    "--host": (["--host", "127.0.0.1"], "127.0.0.1"),
+    "--port": (["--port", "9000"], 9000),
+    "--api-key": (["--api-key", "k1", "k2"], ("k1", "k2")),
+    "--allowed-origins": (["--allowed-origins", '["https://a.example"]'], ("https://a.example",)),
+    "--allowed-methods": (["--allowed-methods", "GET,POST"], ("GET", "POST")),
+    "--allowed-headers": (["--allowed-headers", "x-a"], ("x-a",)),
+    "--allow-credentials": (["--allow-credentials", "--allowed-origins", "https://a.example"], True),
+    "--chat-template": (["--chat-template", "{{ messages }}"], "{{ messages }}"),
+    "--enable-log-requests": (["--enable-log-requests"], True),
+    "--disable-log-requests": (["--disable-log-requests"], None),
+    "--max-log-len": (["--max-log-len", "100"], 100),
+    "--enable-request-id-headers": (["--enable-request-id-headers"], True),
+    "--trust-request-chat-template": (["--trust-request-chat-template"], True),
+    "--response-role": (["--response-role", "helper"], "helper"),
+    "--enable-prompt-tokens-details": (["--enable-prompt-tokens-details"], True),
+    "--log-level": (["--log-level", "DEBUG"], "debug"),
+    "--uvicorn-log-level": (["--uvicorn-log-level", "warning"], "warning"),
+}
+
+# (argv, outcome) for every FOREIGN flag under every spelling
+FOREIGN_EXAMPLES = [
+    (["--enable-chunked-prefill"], "honoured"),
+    (["--no-enable-chunked-prefill"], "warned"),
+    (["--disable-sliding-window"], "honoured"),
+    (["--disable-frontend-multiprocessing"], "honoured"),
+    (["--preemption-mode", "recompute"], "honoured"),
+    (["--preemption-mode", "swap"], "refused"),
+    (["--task", "generate"], "honoured"),
+    (["--task", "embed"], "refused"),
+    (["--runner", "auto"], "honoured"),
+    (["--runner", "pooling"], "refused"),
+    (["--tokenizer-mode", "auto"], "honoured"),
+    (["--tokenizer-mode", "mistral"], "refused"),
+    (["--kv-cache-dtype", "auto"], "honoured"),
+    (["--kv-cache-dtype", "fp8"], "refused"),
+    (["--quantization", "gguf"], "honoured"),
+    (["-q", "awq"], "refused"),
+    (["--pipeline-parallel-size", "1"], "honoured"),
+    (["-pp", "2"], "refused"),
+    (["--data-parallel-size", "1"], "honoured"),
+    (["-dp", "2"], "refused"),
+    (["--api-server-count", "1"], "honoured"),
+    (["--api-server-count", "4"], "refused"),
+    (["--cpu-offload-gb", "0"], "honoured"),
+    (["--cpu-offload-gb", "4"], "refused"),
+    (["--trust-remote-code"], "warned"),
+    (["--revision", "main"], "warned"),
+    (["--code-revision", "main"], "warned"),
+    (["--tokenizer-revision", "main"], "warned"),
+    (["--hf-token", "hf_x"], "warned"),
+    (["--swap-space", "4"], "warned"),
+    (["--disable-custom-all-reduce"], "warned"),
+    (["--max-seq-len-to-capture", "8192"], "warned"),
+    (["--compilation-config", '{"level": 3}'], "warned"),
+    (["-O3"], "warned"),
+    (["--enable-expert-parallel"], "warned"),
+    (["-ep"], "warned"),
+    (["--max-parallel-loading-workers", "2"], "warned"),
+    (["--root-path", "/api"], "warned"),
+    (["--disable-fastapi-docs"], "warned"),
+    (["--disable-uvicorn-access-log"], "warned"),
+    (["--enable-log-outputs"], "warned"),
+    (["--enable-server-load-tracking"], "warned"),
+    (["--otlp-traces-endpoint", "http://collector:4317"], "warned"),
+    (["--ssl-keyfile", "key.pem"], "refused"),
+    (["--ssl-certfile", "cert.pem"], "refused"),
+    (["--ssl-ca-certs", "ca.pem"], "refused"),
+    (["--enable-lora"], "refused"),
+    (["--lora-modules", "a=/x", "b=/y"], "refused"),
+    (["--max-loras", "2"], "refused"),
+    (["--max-lora-rank", "16"], "refused"),
+    (["--enable-auto-tool-choice"], "refused"),
+    (["--tool-call-parser", "hermes"], "refused"),
+    (["--reasoning-parser", "deepseek_r1"], "refused"),
+    (["--speculative-config", '{"method": "ngram"}'], "refused"),
+    (["--limit-mm-per-prompt", '{"image": 2}'], "refused"),
+    (["--mm-processor-kwargs", "{}"], "refused"),
+    (["--hf-overrides", "{}"], "refused"),
+    (["--enable-sleep-mode"], "refused"),
+    (["--middleware", "x.y"], "refused"),
+    (["--config", "serve.yaml"], "refused"),
+]
+
+
+def _long_name(argv: list[str]) -> str:
+    """The spelling messages use: the long name, or --no-X as given."""
+    for flag in FOREIGN:
+        if argv[0] == "--no-" + flag.names[0][2:]:
+            return argv[0]
+        if argv[0] in flag.names or (argv[0].startswith("-O") and "-O" in flag.names):
+            return flag.names[0]
+    raise AssertionError(argv)
+
+
+def test_every_listed_flag_has_an_example():
+    assert set(HONOURED_EXAMPLES) == set(HONOURED)
+    spelled = {argv[0] for argv, _ in FOREIGN_EXAMPLES} | {"-O"}
+    assert set(foreign_names()) <= spelled
+    assert not set(HONOURED) & set(foreign_names())
+
+
+@pytest.mark.parametrize("flag", sorted(HONOURED_EXAMPLES))
+def test_honoured_flags_reach_their_field(flag, tmp_path):
+    argv, expected = HONOURED_EXAMPLES[flag]
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    if isinstance(expected, str):
+        expected = expected.replace("{dir}", str(tmp_path))
+    args = parse_serve(argv, environ={})
+    assert args.warnings == ()
+    path = HONOURED[flag]
+    if path is not None:
+        assert operator.attrgetter(path)(args) == expected
+
+
+@pytest.mark.parametrize("argv,outcome", FOREIGN_EXAMPLES, ids=lambda v: " ".join(v)
+                         if isinstance(v, list) else v)
+def test_foreign_flags_are_accepted_warned_or_refused(argv, outcome, capsys):
+    name = _long_name(argv)
+    if outcome == "refused":
+        with pytest.raises(SystemExit) as exc:
+            parse_serve(argv, environ={})
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"pyserve does not support {name}" in err and ": it " in err.split(name, 1)[1]
+        return
+    args = parse_serve(argv, environ={})
+    if outcome == "honoured":
+        assert args.warnings == ()
+    else:
+        assert len(args.warnings) == 1 and name in args.warnings[0]
+        assert "ignored: pyserve" in args.warnings[0]
+
+
+def test_foreign_flags_from_pyserve_variables_are_judged_the_same(capsys):
+    args = parse_serve([], environ={"PYSERVE_TRUST_REMOTE_CODE": "1", "PYSERVE_KV_CACHE_DTYPE": "auto"})
+    assert len(args.warnings) == 1 and "--trust-remote-code" in args.warnings[0]
+    with pytest.raises(SystemExit):
+        parse_serve([], environ={"PYSERVE_PIPELINE_PARALLEL_SIZE": "2"})
+    assert "pyserve does not support --pipeline-parallel-size 2: it " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--foo"], "--foo"), (["--foo=1"], "--foo"), (["--enable-foo-bar", "x"], "--enable-foo-bar"),
+    (["-x"], "-x"),
+])
+def test_unknown_flags_exit_2_saying_pyserve_does_not_support_them(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_serve(argv, environ={})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"pyserve does not support {named} " in err and "unrecognized" not in err
+
+
+def test_an_extra_positional_is_named(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        parse_serve([str(tmp_path), "extra"], environ={})
+    assert "unexpected argument 'extra'" in capsys.readouterr().err
+
+
+def test_underscored_flags_as_vllm_takes_them():
+    args = parse_serve(["--max_model_len=64", "--max_num_seqs", "4", "--trust_remote_code"],
+                       environ={})
+    assert args.config.model.max_model_len == 64 and args.config.scheduler.max_num_seqs == 4
+    assert len(args.warnings) == 1
+
+
+def test_help_shows_the_foreign_group():
+    from pyserve.cli import build_parser
+
+    text = build_parser().format_help()
+    assert "vLLM flags pyserve has no use for:" in text and "--kv-cache-dtype" in text
