@@ -139,18 +139,19 @@ PYBIND11_MODULE(_C, m) {
            py::arg("num_blocks"), py::arg("order") = "lru")
       .def("allocate", &BlockPool::allocate, py::arg("n"))
       .def("free", &BlockPool::free, py::arg("block_ids"))
-      .def("incref", &BlockPool::incref, py::arg("block_ids"))
       .def("ref_count", &BlockPool::ref_count, py::arg("block_id"))
-      .def("free_queue", &BlockPool::free_queue)
       .def("lookup", [](const BlockPool& p, py::bytes hash) { return p.lookup(std::string(hash)); },
            py::arg("block_hash"))
       .def("acquire", &BlockPool::acquire, py::arg("block_ids"))
       .def("cache", [](BlockPool& p, int64_t id, py::bytes hash) { return p.cache(id, std::string(hash)); },
            py::arg("block_id"), py::arg("block_hash"))
-      .def_property_readonly("num_cached", &BlockPool::num_cached)
-      .def_property_readonly("num_evictions", &BlockPool::num_evictions)
       .def_property_readonly("num_blocks", &BlockPool::num_blocks)
       .def_property_readonly("num_free", &BlockPool::num_free)
+      // Inspection only (tests and benchmarks read them; the engine never does):
+      .def("incref", &BlockPool::incref, py::arg("block_ids"))
+      .def("free_queue", &BlockPool::free_queue)
+      .def_property_readonly("num_cached", &BlockPool::num_cached)
+      .def_property_readonly("num_evictions", &BlockPool::num_evictions)
       .def_property_readonly("num_touched", &BlockPool::num_touched);
 
   m.def("reshape_and_cache", &pyserve::reshape_and_cache, py::arg("key"), py::arg("value"),
