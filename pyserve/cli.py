@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, LOAD_FORMATS,
-                            SCHEDULING_POLICIES, Config, ConfigError, default_download_dir, parse_size)
+                            REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
+                            ConfigError, default_download_dir, parse_size)
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
                                  human_readable_int_or_auto, normalize_argv, refuse_unknown)
 
@@ -227,6 +228,13 @@ def _server_flags(g) -> None:
                    help="answer with an X-Request-Id header (the request's own, or a new id)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="report usage.prompt_tokens_details.cached_tokens")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="tool_choice \"auto\" (the default with tools): the model decides, and "
+                   "--tool-call-parser finds the calls in its output")
+    g.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS,
+                   help="the model family's tool-call format, for --enable-auto-tool-choice")
+    g.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                   help="split the model's reasoning (<think>...</think>) into message.reasoning")
     g.add_argument("--max-header-bytes", type=_size, default=64 * 1024,
                    help="larger request headers get 431")
     g.add_argument("--max-request-body-bytes", type=_size, default=32 * 1024**2,

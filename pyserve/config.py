@@ -14,6 +14,8 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 GGUF_ACTIVATIONS = ("float32", "int8")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def default_download_dir() -> str:
@@ -101,6 +103,10 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # a request's own chat_template is a 400 otherwise
     response_role: str = "assistant"  # the role of chat responses when add_generation_prompt
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    # tool_choice "auto": the model decides, and this parser finds its calls in its text
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None  # splits the model's reasoning from its answer
     max_header_bytes: int = 64 * 1024
     max_request_body_bytes: int = 32 * 1024 * 1024
     keepalive_timeout: float = 5.0
@@ -216,6 +222,12 @@ def validate(config: Config) -> None:
     need(srv.max_num_queued_requests is None or srv.max_num_queued_requests >= 0,
          "--max-num-queued-requests", "must be non-negative")
     need(srv.shutdown_timeout >= 0, "--shutdown-timeout", "must be non-negative")
+    need(srv.tool_call_parser in (None, *TOOL_CALL_PARSERS), "--tool-call-parser",
+         f"must be one of {', '.join(TOOL_CALL_PARSERS)}")
+    need(not srv.enable_auto_tool_choice or srv.tool_call_parser is not None,
+         "--enable-auto-tool-choice", "needs --tool-call-parser to be set")
+    need(srv.reasoning_parser in (None, *REASONING_PARSERS), "--reasoning-parser",
+         f"must be one of {', '.join(REASONING_PARSERS)}")
     need(srv.max_header_bytes > 0, "--max-header-bytes", "must be positive")
     need(srv.max_request_body_bytes > 0, "--max-request-body-bytes", "must be positive")
     if m.model is not None and m.load_format != "dummy":

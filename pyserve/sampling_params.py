@@ -14,6 +14,35 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """vLLM's structured outputs: exactly one constraint on what the output may be."""
+
+    json: dict | str | None = None  # a JSON schema (object or its text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF / GBNF, as xgrammar reads it
+    json_object: bool | None = None  # any JSON object
+    structural_tag: str | None = None  # xgrammar's structural tag, as JSON text
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+    def __post_init__(self) -> None:
+        given = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidRequest("structured_outputs", "structured_outputs needs exactly one of "
+                                 f"{', '.join(self.KINDS)}; got {', '.join(given) or 'none'}")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise InvalidRequest("structured_outputs", "choice must be a non-empty list of strings")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -39,6 +68,7 @@ class SamplingParams:
     logprobs: int | None = None  # the sampled token's logprob plus this many top alternatives
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # the output's grammar
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -58,6 +58,10 @@ class SchedulerOutput:
     sequences: list[ScheduledSequence]
     # requests ended since the last step: the runner drops what it holds for them
     finished_request_ids: list[str] = field(default_factory=list)
+    # structured outputs: an int32 token bitmask [sampled rows, ceil(vocab / 32)] (bit set =
+    # allowed) and the sampled rows (in step order) it constrains; None when none is
+    grammar_bitmask: object = None
+    constrained_rows: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

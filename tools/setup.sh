@@ -15,7 +15,13 @@ fi
 req_hash=$(sha256sum requirements.txt | cut -c1-16)
 if [ "$(cat "$venv/.requirements-hash" 2>/dev/null)" != "$req_hash" ]; then
   echo "[setup] installing requirements.txt"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
+  # lines marked "no-deps" are installed without their declared dependencies (see the file)
+  reqs=$(mktemp -d)
+  grep -v -- '# no-deps' requirements.txt > "$reqs/with-deps.txt"
+  grep -- '# no-deps' requirements.txt | sed 's/#.*//' > "$reqs/no-deps.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs/with-deps.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$reqs/no-deps.txt"
+  rm -rf "$reqs"
   echo "$req_hash" > "$venv/.requirements-hash"
 fi
 src_hash=$(cat setup.py CMakeLists.txt $(find csrc -type f | sort) | sha256sum | cut -c1-16)

@@ -72,10 +72,12 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
 
 class Admission:
     def __init__(self, limits: Limits, eos_token_ids: tuple[int, ...], tokenizer,
-                 staged_siblings: bool):
+                 staged_siblings: bool, grammars=None):
         """staged_siblings: n > 1 completions wait for the first to compute the prompt (with
-        prefix caching, so that they find its blocks cached)."""
+        prefix caching, so that they find its blocks cached); grammars: the GrammarCompiler
+        for structured outputs (each completion gets its own matcher)."""
         self.limits = limits
+        self.grammars = grammars
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.staged = staged_siblings
@@ -93,6 +95,11 @@ class Admission:
         if priority != 0 and not self.limits.priority_scheduling:
             raise InvalidRequest("priority", f"priority {priority} was given, but priority "
                                  "scheduling is not enabled (--scheduling-policy priority)")
+        compiled = None
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidRequest("structured_outputs", "this engine has no grammar backend")
+            compiled = self.grammars.compile(params.structured_outputs)  # GrammarError: a 400
         children = []
         for index in range(params.n):
             child_params = RequestGroup.child_params(params, index)
@@ -104,5 +111,7 @@ class Admission:
             child.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, params.skip_special_tokens, params.stop_strings,
                 params.include_stop_str_in_output)
+            if compiled is not None:
+                child.matcher = self.grammars.matcher(compiled)
             children.append(child)
         return RequestGroup(request_id, children, staged=self.staged)

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.structured.compiler import GrammarError
 from pyserve.sampling_params import SamplingParams
 
 logger = logging.getLogger("pyserve")
@@ -55,6 +56,7 @@ class AsyncEngine:
         self.dead_reason: str | None = None
         self.died = asyncio.Event()  # set once the engine can never step again
         self._completion: StepCompletion | None = None  # CUDA: made on the first step
+        self._grammar_thread: ThreadPoolExecutor | None = None  # made on the first grammar
 
     @classmethod
     def from_config(cls, config, model_thread: ThreadPoolExecutor) -> "AsyncEngine":
@@ -119,6 +121,27 @@ class AsyncEngine:
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
+    async def compile_grammar(self, spec, timeout_s: float) -> None:
+        """Compiles a structured-output grammar into the engine's cache off the event loop,
+        so that admitting the request finds it compiled. GrammarError if it cannot be
+        compiled, or not within timeout_s (the compile goes on, and is cached, in the
+        background)."""
+        grammars = self.core.grammars
+        if grammars.cached(spec) is not None:
+            return
+        if self._grammar_thread is None:
+            self._grammar_thread = ThreadPoolExecutor(2, thread_name_prefix="pyserve-grammar")
+        future = asyncio.wrap_future(self._grammar_thread.submit(grammars.compile, spec))
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            raise GrammarError("structured_outputs", f"the grammar did not compile within "
+                               f"{timeout_s:g} s; simplify it") from None
+
+    @property
+    def grammar_stats(self) -> dict:
+        return self.core.grammars.stats()
+
     async def warm_up(self) -> int:
         """The start-up warm-up forward, on the model thread; returns its token count."""
         tokens = self.core.warmup_tokens()
@@ -157,6 +180,8 @@ class AsyncEngine:
                 pass
             self._task = None
         self._model_thread.shutdown(wait=True)
+        if self._grammar_thread is not None:
+            self._grammar_thread.shutdown(wait=False, cancel_futures=True)
         if self._completion is not None:
             self._completion.close()
             self._completion = None

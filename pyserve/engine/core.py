@@ -33,6 +33,8 @@ from pyserve.executor.plan import resolve
 from pyserve.kv.manager import KVCacheManager
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
+from pyserve.structured.bitmask import fill_bitmask
+from pyserve.structured.compiler import GrammarCompiler
 from pyserve.tokenizer.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pyserve")
@@ -75,10 +77,13 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.requests = RequestTable()
+        # structured outputs: xgrammar and the vocabulary are read on the first grammar only
+        self.grammars = GrammarCompiler(self.tokenizer, plan.vocab_size, tuple(sorted(eos)))
         self.admission = Admission(
             Limits(plan.vocab_size, self.max_model_len, num_blocks, bs, config.model.max_logprobs,
                    config.scheduler.scheduling_policy == "priority"),
-            tuple(sorted(eos)), self.tokenizer, staged_siblings=self.kv.enable_prefix_caching)
+            tuple(sorted(eos)), self.tokenizer, staged_siblings=self.kv.enable_prefix_caching,
+            grammars=self.grammars)
         self.stats = EngineStats(self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.stats)
 
@@ -127,8 +132,17 @@ class EngineCore:
     def schedule(self) -> SchedulerOutput:
         step = self.scheduler.schedule()
         t = now()
+        matchers, row = {}, 0  # sampled row -> the grammar constraining it
         for seq in step.sequences:
-            self.stats.on_scheduled(self.requests.child(seq.request_id), t)
+            request = self.requests.child(seq.request_id)
+            self.stats.on_scheduled(request, t)
+            if seq.sampling is not None:
+                if request.matcher is not None and not request.matcher.is_terminated():
+                    matchers[row] = request.matcher
+                row += 1
+        if matchers:
+            step.grammar_bitmask = fill_bitmask(matchers, row, self.vocab_size)
+            step.constrained_rows = sorted(matchers)
         return step
 
     def prepare(self, step: SchedulerOutput):

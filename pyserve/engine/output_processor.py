@@ -5,6 +5,8 @@ engine's figures, and the outputs each request is owed."""
 
 from __future__ import annotations
 
+import logging
+
 from pyserve.engine.output import Logprob, PositionLogprobs, RequestOutput
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
@@ -12,6 +14,8 @@ from pyserve.engine.request_table import RequestTable
 from pyserve.engine.stats import EngineStats
 from pyserve.engine.stop import append_token
 from pyserve.step import PromptLogprobs, SampledLogprobs
+
+logger = logging.getLogger("pyserve")
 
 
 class OutputProcessor:
@@ -64,6 +68,12 @@ class OutputProcessor:
         if request.logprobs is not None:
             request.logprobs.append(self.position_logprobs(sampled, row, token, request.params.logprobs))
         append_token(request, token, self.max_model_len)
+        matcher = request.matcher
+        if matcher is not None and not matcher.is_terminated():
+            if not matcher.accept_token(token):  # the mask allowed only what it accepts
+                logger.warning("request %s: token %d is outside its grammar", request.request_id, token)
+            elif matcher.is_terminated() and not request.finished:
+                request.finish("stop")  # the grammar is complete (ignore_eos: no EOS ended it)
         self.stats.on_token(request, now)
         if request.finished:
             self.stats.on_finished(request, now)

@@ -48,6 +48,9 @@ class Request:
         self.last_token_time: float | None = None
         self.num_sent_tokens = 0  # output tokens already handed out (streaming)
         self.num_preemptions = 0
+        # structured outputs: this completion's xgrammar GrammarMatcher, advanced by each
+        # accepted token (a recomputed request keeps it: its tokens are kept too)
+        self.matcher = None
 
     @property
     def num_tokens(self) -> int:

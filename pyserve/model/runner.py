@@ -135,7 +135,9 @@ class ModelRunner:
                                torch.tensor(logits_rows, dtype=torch.int64))
         return PreparedBatch(
             inputs, len(sample_rows),
-            build_metadata(sampling, generators, self.vocab_size, self.device) if sampling else None,
+            build_metadata(sampling, generators, self.vocab_size, self.device,
+                           grammar=(step.grammar_bitmask, step.constrained_rows)
+                           if step.grammar_bitmask is not None else None) if sampling else None,
             prompt_lp)
 
     @torch.inference_mode()

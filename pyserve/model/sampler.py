@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pyserve.step import SampledLogprobs, SamplerOutput, SamplingInputs
+from pyserve.structured.bitmask import apply_bitmask
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SamplingMetadata:
     penalties: tuple | None  # presence [S], frequency [S], repetition [S], output counts [S, V], seen [S, V]
     generators: list[torch.Generator | None]
     max_num_logprobs: int  # -1: no row wants logprobs
+    # structured outputs: (int32 bitmask [S, ceil(V / 32)], the rows it constrains), or None
+    grammar: tuple[torch.Tensor, list[int]] | None = None
 
 
 def _counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
@@ -47,9 +50,10 @@ def _counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
 
 
 def build_metadata(requests: list[SamplingInputs], generators: list[torch.Generator | None],
-                   vocab: int, device: torch.device) -> SamplingMetadata:
+                   vocab: int, device: torch.device, grammar=None) -> SamplingMetadata:
     """On the event loop: plain per-request sampling inputs -> batched tensors. generators[i]:
-    request i's own generator (seeded), or None (the runner's default)."""
+    request i's own generator (seeded), or None (the runner's default); grammar: a step's
+    token bitmask and the rows it constrains."""
     params = [r.params for r in requests]
     f32 = dict(dtype=torch.float32, device=device)
     greedy = [p.greedy for p in params]
@@ -85,6 +89,7 @@ def build_metadata(requests: list[SamplingInputs], generators: list[torch.Genera
         penalties=penalties,
         generators=list(generators),
         max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
+        grammar=grammar,
     )
 
 
@@ -169,7 +174,11 @@ def read_result_table(table: torch.Tensor, k: int) -> SamplerOutput:
 
 def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> torch.Tensor:
     """logits: [S, vocab] float32 -> the result table (see _result_table), on the logits'
-    device, without waiting for it."""
+    device, without waiting for it. A grammar's bitmask goes first, so logprobs, penalties and
+    every draw see only the tokens it allows (vLLM's order)."""
+    if meta.grammar is not None:
+        bitmask, rows = meta.grammar
+        apply_bitmask(logits, bitmask, rows)
     raw = logits
     if meta.bias is not None:
         rows, ids, values = meta.bias

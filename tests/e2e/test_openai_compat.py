@@ -116,11 +116,20 @@ def test_stream_usage_when_asked_counted_per_choice(client):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+    ({"structured_outputs": {"grammar": "root ::= missing_rule"}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"json": {}, "whitespace_pattern": " "}}, "structured_outputs"),
+    ({"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, "guided_json"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-      "tool_choice": "required"}, "tool_choice"),
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+      "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"seed": "abc"}, "seed"),

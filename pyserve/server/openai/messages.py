@@ -50,29 +50,33 @@ def template_messages(body: dict) -> list[dict]:
         cleaned.append(message)
     return cleaned
 
-def template_tools(body: dict, generating: bool) -> list | None:
-    """vLLM's rules without a tool-call parser: tools reach the template only with
-    tool_choice "none"; "auto" (the default when tools are given), "required" and a named
-    tool need a parser or guided decoding, which pyserve does not have. /tokenize
-    (generating False) renders the tools whatever tool_choice says, as vLLM's does."""
+def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, list | None]:
+    """(mode, the tools the template sees), vLLM's rules: with tools, tool_choice defaults to
+    "auto", which needs --enable-auto-tool-choice (and its --tool-call-parser); "required" and
+    a named function are enforced by a grammar and need neither; "none" shows the tools to the
+    template and takes text. /tokenize (generating False) renders the tools whatever
+    tool_choice says, as vLLM's does."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is not None and not isinstance(tools, list):
         raise APIError(400, "'tools' must be a list", "tools")
     if not generating:
-        return tools or None
+        return "none", tools or None
     if not tools:
         if choice not in (None, "none"):
             raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
-        return None
+        return "none", None
     if choice is None or choice == "auto":
-        raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
-                       "--tool-call-parser to be set, which this server does not support; "
-                       'send tool_choice "none" to show the tools to the model', "tool_choice")
-    if choice != "none":
-        raise APIError(400, "tool_choice \"required\" or a named tool needs guided decoding, "
-                       "which this server does not support", "tool_choice")
-    return tools
+        if not auto_enabled:
+            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                           "--tool-call-parser to be set", "tool_choice")
+        return "auto", tools
+    if choice in ("none", "required"):
+        return choice, tools
+    if isinstance(choice, dict):
+        return "named", tools
+    raise APIError(400, "tool_choice must be \"none\", \"auto\", \"required\" or "
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 
 
 def template_tool_calls(calls) -> list:

@@ -18,8 +18,12 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import (check_unsupported, field, requested_max_tokens,
                                           sampling_params)
+from pyserve.server.openai.chat_output import ChoiceOutput, merge_delta
 from pyserve.server.openai.logprobs import choice_logprobs, echoed, shape_prompt_logprobs
-from pyserve.server.openai.messages import load_template, template_messages, template_tools
+from pyserve.server.openai.messages import load_template, template_messages, tool_mode
+from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
+                                              tool_call_constraint)
+from pyserve.structured.compiler import GrammarError
 from pyserve.server.openai.streaming import stream_chunks, usage_counts
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
@@ -33,6 +37,9 @@ def _json(obj) -> Response:
 # Texts longer than this are tokenized in a worker thread, so one huge prompt cannot stall
 # the event loop for every other client.
 _OFF_LOOP_CHARS = 20_000
+# A structured-output grammar that takes longer to compile is refused (a 400); its compile
+# finishes in the background and is cached.
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 
 class OpenAIServing:
@@ -103,7 +110,7 @@ class OpenAIServing:
             out.append((text, ids))
         return out
 
-    async def _chat_prompt(self, body: dict, generating: bool = True) -> list[int]:
+    async def _chat_prompt(self, body: dict, tools: list | None) -> list[int]:
         cleaned = template_messages(body)
         kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
         own = field(body, "chat_template", str)
@@ -119,7 +126,6 @@ class OpenAIServing:
                            "`add_generation_prompt` to True.", "continue_final_message")
         if continue_final:
             kwargs["continue_final_message"] = True
-        tools = template_tools(body, generating)
         if tools is not None:
             kwargs["tools"] = tools
         if body.get("documents") is not None:
@@ -190,6 +196,7 @@ class OpenAIServing:
                                  max_tokens=1 if echo_only else max_tokens)
         if echo and logprobs is not None and params.prompt_logprobs is None:
             params = dataclasses.replace(params, prompt_logprobs=logprobs)  # echoed tokens are scored
+        params = await self._constrained(body, params)
         prompts = await self._prompts(body)
         return await self._respond(request, body, prompts, params, stream, chat=False,
                                    echo=echo, echo_only=echo_only)
@@ -207,16 +214,54 @@ class OpenAIServing:
                            "top_logprobs")
         params = sampling_params(body, (top_logprobs or 0) if wants_logprobs else None, stream,
                                  chat=True, defaults=self.defaults)
-        prompt = await self._chat_prompt(body)
+        mode, tools = tool_mode(body, True, self.config.enable_auto_tool_choice)
+        choice = body.get("tool_choice")
+        forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
+        params = await self._constrained(body, params, forced)
+        prompt = await self._chat_prompt(body, tools)
         # vLLM: the response speaks as --response-role after a generation prompt, else it
         # continues the last message's role
         role = (self.config.response_role if field(body, "add_generation_prompt", bool, True)
                 else body["messages"][-1]["role"])
+        name = forced_tool_name(choice) if mode == "named" else None
+        output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
+            mode, name, self._tool_parser(tools) if mode == "auto" else None, self._reasoning_parser())
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
-                                   role=role)
+                                   role=role, output=output)
+
+    def _tool_parser(self, tools):
+        from pyserve.server.openai.tool_parsers import TOOL_PARSERS
+
+        return TOOL_PARSERS[self.config.tool_call_parser](tools)
+
+    def _reasoning_parser(self):
+        if self.config.reasoning_parser is None:
+            return None
+        from pyserve.server.openai.reasoning import REASONING_PARSERS
+
+        return REASONING_PARSERS[self.config.reasoning_parser]()
+
+    async def _constrained(self, body: dict, params, forced=None):
+        """params with the request's structured-output grammar (or a forced tool call's),
+        compiled off the event loop within GRAMMAR_COMPILE_TIMEOUT_S: a grammar that cannot
+        be compiled is a 400 naming the field it came from, before anything is admitted."""
+        spec, source = structured_outputs(body)
+        if forced is not None:
+            if spec is not None:
+                raise APIError(400, f"{source} cannot be combined with a forced tool call "
+                               "(tool_choice \"required\" or a named function)", source)
+            spec, source = forced, "tool_choice"
+        if spec is None:
+            return params
+        try:
+            await self.engine.compile_grammar(spec, GRAMMAR_COMPILE_TIMEOUT_S)
+        except GrammarError as exc:
+            raise APIError(400, exc.message, source) from None
+        return dataclasses.replace(params, structured_outputs=spec)
 
     async def _respond(self, request, body, prompts, params, stream: bool, chat: bool,
-                       echo: bool = False, echo_only: bool = False, role: str = "assistant"):
+                       echo: bool = False, echo_only: bool = False, role: str = "assistant",
+                       output=ChoiceOutput):
         # everything that can refuse the request is read before any prompt is admitted
         priority = field(body, "priority", int, 0)
         include_usage = continuous = False
@@ -230,6 +275,7 @@ class OpenAIServing:
         streams = self._start(prompts, params, request_id, priority, client_id)
         meta = {"id": request_id, "created": int(time.time()), "model": self.model_name,
                 "role": role, "cached_tokens": [0] * len(prompts),
+                "output": output,  # chat: () -> a choice's ChoiceOutput
                 "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
                 "prompt_ids": [ids for _, ids in prompts], "echo_only": echo_only,
                 "logprobs": params.logprobs,
@@ -254,7 +300,8 @@ class OpenAIServing:
             for c in final.outputs:
                 # generated tokens, shown or not (echo with max_tokens 0 generates one, as vLLM counts)
                 completion_tokens += len(c.token_ids)
-                choice = self.choice(meta, p * meta["n"] + c.index, c, final=True)
+                choice = self.choice(meta, p * meta["n"] + c.index, c, final=True,
+                                     output=meta["output"]() if meta["chat"] else None)
                 if meta["echo"] is not None:
                     choice["text"], choice["logprobs"] = echoed(meta, p, c, final.prompt_logprobs,
                                                                self.tokenizer)
@@ -276,7 +323,7 @@ class OpenAIServing:
     async def tokenize(self, request: Request) -> Response:
         body = self._body(request)
         if "messages" in body:
-            tokens = await self._chat_prompt(body, generating=False)
+            tokens = await self._chat_prompt(body, tool_mode(body, False, False)[1])
         else:
             prompt = field(body, "prompt", (str,))
             if prompt is None:
@@ -297,16 +344,24 @@ class OpenAIServing:
             raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
         return _json({"prompt": self.tokenizer.decode(tokens)})
 
-    def choice(self, meta, index: int, c, final: bool) -> dict:
+    def choice(self, meta, index: int, c, final: bool, output: ChoiceOutput | None = None) -> dict:
+        """A choice of a response (final) or of a chunk. Chat: output shapes the text into
+        content, reasoning and tool calls (per choice; a chunk's delta may come out empty)."""
         choice = {"index": index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                   "logprobs": choice_logprobs(c, meta["chat"], meta["logprobs"] or 0,
                                                 self.tokenizer)}
         if meta["chat"]:
-            key = "message" if final else "delta"
-            # a whole message lists its tool calls, none here, as vLLM's does ([] rather than
-            # absent, which clients read as None)
-            choice[key] = ({"role": meta["role"], "content": c.text, "tool_calls": []} if final
-                           else {"content": c.text})
+            output = output or ChoiceOutput()
+            if final:
+                # a whole message lists its tool calls ([] when none, as vLLM's: clients read
+                # an absent list as None)
+                choice["message"] = {"role": meta["role"], **output.whole(c.text)}
+            else:
+                delta = output.delta(c.text)
+                if c.finish_reason is not None:
+                    merge_delta(delta, output.finish())
+                choice["delta"] = delta
+            choice["finish_reason"] = output.finish_reason(c.finish_reason)
         else:
             choice["text"] = c.text
         return choice

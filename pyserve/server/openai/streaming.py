@@ -41,6 +41,7 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
     obj = "chat.completion.chunk" if meta["chat"] else "text_completion"
     head = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
     open_streams, started = len(tasks), set()
+    outputs: dict = {}  # chat: each choice's ChoiceOutput (content, reasoning, tool calls)
     generated: dict[int, int] = {}  # tokens generated, per choice
     text_offsets: dict[int, int] = {}  # where a choice's next token starts (completions)
     # a prompt's logprobs ride on the first output of its group, whichever choice that is
@@ -67,7 +68,9 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                     if continuous_usage:
                         role["usage"] = usage_counts(prompt_tokens, 0)
                     yield sse(role)
-                choice = serving.choice(meta, index, c, final=False)
+                if meta["chat"] and index not in outputs:
+                    outputs[index] = meta["output"]()
+                choice = serving.choice(meta, index, c, final=False, output=outputs.get(index))
                 if meta["echo"] is not None and index not in started:
                     started.add(index)
                     choice["text"], choice["logprobs"] = echoed(
@@ -81,6 +84,9 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                 if lp and lp["tokens"]:  # offsets follow the tokens, not the text held back for stop strings
                     text_offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 generated[index] = generated.get(index, 0) + len(c.token_ids)
+                if meta["chat"] and not choice["delta"] and choice["finish_reason"] is None \
+                        and choice["logprobs"] is None:
+                    continue  # text held back (a marker's start, a call's unfinished list)
                 chunk = {**head, "choices": [choice]}
                 if continuous_usage:
                     chunk["usage"] = usage_counts(prompt_tokens, generated[index])

@@ -1,0 +1,148 @@
+"""What one chat choice's generated text says, in OpenAI's message fields: `content`, the
+reasoning (`reasoning`, and `reasoning_content`, the older name, with --reasoning-parser) and
+`tool_calls`. The text first goes through the reasoning parser (if any), then the answer part
+through the tool-call handling of the request's mode:
+
+    none       the answer is content
+    named      the grammar made the whole answer the named function's arguments
+    required   the grammar made it a JSON list of {"name", "parameters"}
+    auto       --tool-call-parser finds calls in the model's own text
+
+Whole responses use whole(); streams call delta() per piece and finish() at the end, and the
+concatenated fragments are what whole() gives for the same text (same arguments strings).
+A choice whose tools were called finishes with "tool_calls" where it would say "stop"
+(vLLM: auto and required; a named function keeps "stop", as OpenAI's)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _required_calls(text: str) -> list[dict]:
+    """The grammar's list of {"name", "parameters"} -> calls; [] if it is not (yet) one."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(items, list):
+        return []
+    return [_call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False))
+            for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)]
+
+
+class ChoiceOutput:
+    def __init__(self, mode: str = "none", forced_name: str | None = None, tool_parser=None,
+                 reasoning_parser=None):
+        self.mode = mode
+        self.forced_name = forced_name
+        self.tools = tool_parser  # auto: a fresh parser for this choice
+        self.reasoning = reasoning_parser
+        self.tools_called = False
+        self._answer = ""  # required: the answer so far (its calls come at the end)
+        self._named_started = False
+
+    # -- whole responses -------------------------------------------------------------------
+    def whole(self, text: str) -> dict:
+        fields: dict = {}
+        answer = text
+        if self.reasoning is not None:
+            reasoning, answer = self.reasoning.extract(text)
+            fields["reasoning"] = fields["reasoning_content"] = reasoning
+            answer = answer or ""
+        calls: list[dict] = []
+        content: str | None = answer
+        if self.mode == "named":
+            calls, content = [_call(self.forced_name, answer)], ""
+        elif self.mode == "required":
+            calls = _required_calls(answer)
+            content = "" if calls else answer
+        elif self.mode == "auto":
+            found = self.tools.extract(answer)
+            if found.tools_called:
+                calls = [_call(c.name, c.arguments) for c in found.tool_calls]
+                content = found.content
+        self.tools_called = bool(calls) and self.mode != "named"
+        fields["content"] = content
+        fields["tool_calls"] = calls
+        return fields
+
+    # -- streams ---------------------------------------------------------------------------
+    def delta(self, text: str) -> dict:
+        """The delta fields for the next piece of text (possibly none yet)."""
+        if self.reasoning is None:
+            return self._answer_delta(text)
+        return self._from_reasoning(self.reasoning.feed(text))
+
+    def finish(self) -> dict:
+        merged = self._from_reasoning(self.reasoning.finish()) if self.reasoning is not None else {}
+        if self.mode == "auto":
+            merge_delta(merged, self._tool_fragments(self.tools.finish()))
+        elif self.mode == "required":
+            calls = _required_calls(self._answer)
+            if calls:
+                self.tools_called = True
+                merge_delta(merged, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+            elif self._answer:
+                merge_delta(merged, {"content": self._answer})
+        return merged
+
+    def _from_reasoning(self, fragments: list[dict]) -> dict:
+        """Reasoning fragments as they are; the answer's through the tool handling."""
+        merged: dict = {}
+        for fragment in fragments:
+            if "reasoning" in fragment:
+                merge_delta(merged, {"reasoning": fragment["reasoning"],
+                                "reasoning_content": fragment["reasoning"]})
+            else:
+                merge_delta(merged, self._answer_delta(fragment.get("content", "")))
+        return merged
+
+    def _answer_delta(self, text: str) -> dict:
+        if self.mode == "none":
+            return {"content": text}  # every piece, empty ones too (text held for stop strings)
+        if self.mode == "named":
+            if not self._named_started:
+                self._named_started = True
+                return {"tool_calls": [{"index": 0, **_call(self.forced_name, text)}]}
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        if self.mode == "required":
+            self._answer += text  # a call is whole only when its list is
+            return {}
+        return self._tool_fragments(self.tools.feed(text))
+
+    def _tool_fragments(self, fragments: list[dict]) -> dict:
+        merged: dict = {}
+        for fragment in fragments:
+            if fragment.get("tool_calls"):
+                self.tools_called = True
+            merge_delta(merged, fragment)
+        return merged
+
+    def finish_reason(self, engine_reason: str | None) -> str | None:
+        return "tool_calls" if self.tools_called and engine_reason == "stop" else engine_reason
+
+
+def merge_delta(merged: dict, fragment: dict) -> None:
+    """Adds a delta fragment to a chunk's delta: text fields concatenate, calls append."""
+    for key, value in fragment.items():
+        if key == "tool_calls":
+            calls = merged.setdefault("tool_calls", [])
+            for call in value:
+                last = calls[-1] if calls else None
+                if last is not None and last["index"] == call["index"] and set(call) == {"index", "function"}:
+                    # more arguments of the same call: one entry a call in a chunk
+                    function = last.setdefault("function", {})
+                    function["arguments"] = function.get("arguments", "") + call["function"].get("arguments", "")
+                else:
+                    calls.append({**call, "function": dict(call.get("function", {}))})
+        elif value or key not in merged:
+            merged[key] = merged.get(key, "") + (value or "")

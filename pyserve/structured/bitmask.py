@@ -1,0 +1,28 @@
+"""Token bitmasks: one int32 word per 32 vocabulary entries, bit set = token allowed (xgrammar's
+layout). Filled on the event loop from the constrained requests' matchers, applied to their
+logits rows inside the step."""
+
+from __future__ import annotations
+
+import torch
+
+
+def fill_bitmask(matchers: dict[int, object], num_rows: int, vocab_size: int) -> torch.Tensor:
+    """[num_rows, ceil(vocab / 32)] int32 for a step's sampled rows: row i holds what matcher
+    matchers[i] allows next; rows without a matcher allow every token (and are not applied)."""
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(num_rows, vocab_size)  # all allowed
+    for row, matcher in matchers.items():
+        matcher.fill_next_token_bitmask(bitmask, row)
+    return bitmask
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Sets the logits of disallowed tokens to -inf, in place, in the given rows (bitmask and
+    logits rows align)."""
+    import xgrammar as xgr
+
+    backend = "cpu" if logits.device.type == "cpu" else "torch_native"
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                    vocab_size=logits.shape[-1], indices=rows, backend=backend)
