@@ -202,6 +202,8 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &pyserve::silu_and_mul, py::arg("out"), py::arg("input"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("apply_token_bitmask", &pyserve::cpu::apply_token_bitmask, py::arg("logits"),
+        py::arg("bitmask"), py::arg("rows"), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);
 
   // Collectives wait for the other ranks: they release the GIL so the rest of the process

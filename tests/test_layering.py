@@ -6,7 +6,7 @@ depth, so a lazy import inside a function counts too):
 - model/ imports nothing from engine/, executor/, server/ (nor kv.manager: block policy);
 - executor/ nothing from engine/ or server/;
 - engine/ nothing from model/ or server/: it reaches the model through the executor only;
-- kv/ and tokenizer/ nothing from engine/, executor/, model/, server/;
+- kv/, tokenizer/ and structured/ nothing from engine/, executor/, model/, server/;
 - server/ reaches the engine through its public face only (the async engine, its outputs),
   never the core, the scheduler, the executor, the model or the KV cache;
 - and no cycle between the packages."""
@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pyserve"
-LAYERS = ("server", "engine", "executor", "model", "kv", "tokenizer")
+LAYERS = ("server", "engine", "executor", "model", "kv", "tokenizer", "structured")
 
 FORBIDDEN = {
     "model": ("pyserve.engine", "pyserve.executor", "pyserve.server", "pyserve.kv.manager"),
@@ -24,6 +24,8 @@ FORBIDDEN = {
     "kv": ("pyserve.engine", "pyserve.executor", "pyserve.model", "pyserve.server"),
     "tokenizer": ("pyserve.engine", "pyserve.executor", "pyserve.model", "pyserve.server",
                   "pyserve.kv"),
+    "structured": ("pyserve.engine", "pyserve.executor", "pyserve.model", "pyserve.server",
+                   "pyserve.kv", "pyserve.tokenizer"),
     "server": ("pyserve.engine.core", "pyserve.engine.scheduler", "pyserve.engine.request",
                "pyserve.executor", "pyserve.model", "pyserve.kv"),
 }

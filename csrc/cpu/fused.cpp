@@ -5,7 +5,10 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "cpu/ops.h"
@@ -146,6 +149,44 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
         }
       }
     });
+  });
+}
+
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "apply_token_bitmask: logits must be a contiguous [S, V] float32 tensor");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous(),
+              "apply_token_bitmask: bitmask must be a contiguous [S, W] int32 tensor");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, "apply_token_bitmask: rows must be int64");
+  const int64_t vocab = logits.size(1), words = bitmask.size(1);
+  TORCH_CHECK(words * 32 >= vocab, "apply_token_bitmask: the bitmask is narrower than the vocabulary");
+  const auto rows_c = rows.contiguous();
+  const int64_t* row_ids = rows_c.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows_c.numel(); ++i) {
+    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < logits.size(0) && row_ids[i] < bitmask.size(0),
+                "apply_token_bitmask: row ", row_ids[i], " is out of range");
+  }
+  float* l = logits.data_ptr<float>();
+  const auto* m = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  const float masked = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, rows_c.numel(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* out = l + row_ids[i] * vocab;
+      const uint32_t* mask = m + row_ids[i] * words;
+      for (int64_t w = 0; w * 32 < vocab; ++w) {
+        const uint32_t word = mask[w];
+        const int64_t n = std::min<int64_t>(32, vocab - w * 32);
+        if (word == 0xFFFFFFFFu) continue;  // all allowed (what most words of a free row are)
+        float* o = out + w * 32;
+        if (word == 0) {  // none allowed (what most words of a constrained row are)
+          std::fill(o, o + n, masked);
+          continue;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          if (!((word >> k) & 1u)) o[k] = masked;
+        }
+      }
+    }
   });
 }
 

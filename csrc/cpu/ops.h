@@ -65,4 +65,9 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, std::optio
                       int64_t head_size, const at::Tensor& cos_sin_cache, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 
+// apply_token_bitmask: structured outputs. logits [S, V] float32 and bitmask [S, ceil(V / 32)]
+// int32 (bit k of word w set = token 32w + k allowed, xgrammar's layout) share their rows; in
+// each of the given rows, the logits of tokens not allowed become -inf, in place.
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
+
 }  // namespace pyserve::cpu

@@ -70,18 +70,34 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     return max_tokens
 
 
+def _last(ids: list[int], token: int) -> int:
+    return max((i for i, t in enumerate(ids) if t == token), default=-1)
+
+
 class Admission:
     def __init__(self, limits: Limits, eos_token_ids: tuple[int, ...], tokenizer,
-                 staged_siblings: bool, grammars=None):
+                 staged_siblings: bool, grammars=None,
+                 reasoning_markers: tuple[int, int] | None = None):
         """staged_siblings: n > 1 completions wait for the first to compute the prompt (with
         prefix caching, so that they find its blocks cached); grammars: the GrammarCompiler
-        for structured outputs (each completion gets its own matcher)."""
+        for structured outputs (each completion gets its own matcher); reasoning_markers: a
+        reasoning model's (start, end) token ids: a grammar applies only after the end, unless
+        the prompt has already closed the reasoning (enable_thinking false)."""
         self.limits = limits
         self.grammars = grammars
+        self.reasoning_markers = reasoning_markers
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.staged = staged_siblings
         self._arrivals = itertools.count()
+
+    def _reasoning_end(self, prompt_token_ids: list[int]) -> int | None:
+        """The token that ends the reasoning a grammar waits for; None if it need not wait."""
+        if self.reasoning_markers is None:
+            return None
+        start, end = self.reasoning_markers
+        closed = _last(prompt_token_ids, end) > _last(prompt_token_ids, start)
+        return None if closed else end
 
     def admit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
               prompt: str | None = None, priority: int = 0) -> RequestGroup:
@@ -113,5 +129,6 @@ class Admission:
                 params.include_stop_str_in_output)
             if compiled is not None:
                 child.matcher = self.grammars.matcher(compiled)
+                child.grammar_after = self._reasoning_end(prompt_token_ids)
             children.append(child)
         return RequestGroup(request_id, children, staged=self.staged)

@@ -34,7 +34,7 @@ from pyserve.kv.manager import KVCacheManager
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
 from pyserve.structured.bitmask import fill_bitmask
-from pyserve.structured.compiler import GrammarCompiler
+from pyserve.structured.compiler import GrammarCompiler, reasoning_markers
 from pyserve.tokenizer.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pyserve")
@@ -83,7 +83,8 @@ class EngineCore:
             Limits(plan.vocab_size, self.max_model_len, num_blocks, bs, config.model.max_logprobs,
                    config.scheduler.scheduling_policy == "priority"),
             tuple(sorted(eos)), self.tokenizer, staged_siblings=self.kv.enable_prefix_caching,
-            grammars=self.grammars)
+            grammars=self.grammars, reasoning_markers=reasoning_markers(
+                self.tokenizer, config.server.reasoning_parser))
         self.stats = EngineStats(self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.stats)
 
@@ -137,7 +138,8 @@ class EngineCore:
             request = self.requests.child(seq.request_id)
             self.stats.on_scheduled(request, t)
             if seq.sampling is not None:
-                if request.matcher is not None and not request.matcher.is_terminated():
+                if (request.matcher is not None and request.grammar_after is None
+                        and not request.matcher.is_terminated()):
                     matchers[row] = request.matcher
                 row += 1
         if matchers:

@@ -69,7 +69,10 @@ class OutputProcessor:
             request.logprobs.append(self.position_logprobs(sampled, row, token, request.params.logprobs))
         append_token(request, token, self.max_model_len)
         matcher = request.matcher
-        if matcher is not None and not matcher.is_terminated():
+        if request.grammar_after is not None:  # still reasoning: the grammar waits
+            if token == request.grammar_after:
+                request.grammar_after = None
+        elif matcher is not None and not matcher.is_terminated():
             if not matcher.accept_token(token):  # the mask allowed only what it accepts
                 logger.warning("request %s: token %d is outside its grammar", request.request_id, token)
             elif matcher.is_terminated() and not request.finished:

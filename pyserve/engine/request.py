@@ -51,6 +51,8 @@ class Request:
         # structured outputs: this completion's xgrammar GrammarMatcher, advanced by each
         # accepted token (a recomputed request keeps it: its tokens are kept too)
         self.matcher = None
+        # with a reasoning model, the grammar starts after this token (the end of thinking)
+        self.grammar_after: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -24,6 +24,18 @@ MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_BYTES = 256 * 1024**2
 
 
+# --reasoning-parser -> the markers around a model's reasoning (a grammar starts after it)
+REASONING_MARKERS = {"deepseek_r1": ("<think>", "</think>"), "qwen3": ("<think>", "</think>")}
+
+
+def reasoning_markers(tokenizer, parser: str | None) -> tuple[int, int] | None:
+    """The (start, end) token ids of the parser's markers, when each is one token."""
+    if parser is None:
+        return None
+    ids = [tokenizer.encode(marker, add_special_tokens=False) for marker in REASONING_MARKERS[parser]]
+    return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
+
+
 class GrammarError(InvalidRequest):
     """The grammar cannot be compiled (an invalid schema, regex or grammar)."""
 

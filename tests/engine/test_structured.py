@@ -94,3 +94,23 @@ def test_bad_grammars_are_refused_and_the_engine_goes_on(llm):
         StructuredOutputsParams(regex="a", choice=["b"])
     assert llm.generate("Hi", SamplingParams(max_tokens=3, ignore_eos=True))[0].outputs[0].token_ids
     assert not llm.engine.has_unfinished()
+
+
+def test_with_a_reasoning_model_the_grammar_starts_after_the_reasoning(llm):
+    """Two ordinary tokens stand in for <think> and </think>: the first sampled token is
+    pushed to the end marker (which the choice grammar alone would never allow); after it,
+    the grammar holds. A prompt that already closed the reasoning starts constrained."""
+    tok = llm.get_tokenizer()
+    start, end = tok.encode(" Hmm", add_special_tokens=False)[0], tok.encode(" Done", add_special_tokens=False)[0]
+    admission = llm.engine.admission
+    admission.reasoning_markers = (start, end)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=20, logit_bias={end: 100.0},
+                                structured_outputs=StructuredOutputsParams(choice=["red", "blue"]))
+        out = llm.generate("Colour:", params)[0].outputs[0]
+        assert out.token_ids[0] == end and out.text.split(" Done", 1)[1] in ("red", "blue")
+        closed = tok.encode("Colour: Hmm Done", add_special_tokens=False)
+        out = llm.generate({"prompt_token_ids": closed}, params)[0].outputs[0]
+        assert out.text in ("red", "blue")  # the bias cannot break the grammar now
+    finally:
+        admission.reasoning_markers = None
