@@ -14,7 +14,8 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 GGUF_ACTIVATIONS = ("float32", "int8")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen3_xml",
+                     "qwen3_coder")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 

@@ -224,22 +224,24 @@ class OpenAIServing:
         role = (self.config.response_role if field(body, "add_generation_prompt", bool, True)
                 else body["messages"][-1]["role"])
         name = forced_tool_name(choice) if mode == "named" else None
+        thinking = field(field(body, "chat_template_kwargs", dict, {}), "enable_thinking", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
-            mode, name, self._tool_parser(tools) if mode == "auto" else None, self._reasoning_parser())
+            mode, name, self._tool_parser(tools) if mode == "auto" else None,
+            self._reasoning_parser(thinking))
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output)
 
     def _tool_parser(self, tools):
-        from pyserve.server.openai.tool_parsers import TOOL_PARSERS
+        from pyserve.server.openai.tool_parsers import tool_parser
 
-        return TOOL_PARSERS[self.config.tool_call_parser](tools)
+        return tool_parser(self.config.tool_call_parser, tools)
 
-    def _reasoning_parser(self):
+    def _reasoning_parser(self, enable_thinking: bool):
         if self.config.reasoning_parser is None:
             return None
-        from pyserve.server.openai.reasoning import REASONING_PARSERS
+        from pyserve.server.openai.reasoning import reasoning_parser
 
-        return REASONING_PARSERS[self.config.reasoning_parser]()
+        return reasoning_parser(self.config.reasoning_parser, enable_thinking=enable_thinking)
 
     async def _constrained(self, body: dict, params, forced=None):
         """params with the request's structured-output grammar (or a forced tool call's),
