@@ -41,8 +41,13 @@ def _required_calls(text: str) -> list[dict]:
 
 class ChoiceOutput:
     def __init__(self, mode: str = "none", forced_name: str | None = None, tool_parser=None,
-                 reasoning_parser=None):
+                 reasoning_parser=None, include_reasoning: bool = True,
+                 parallel_tool_calls: bool = True):
+        """include_reasoning False drops the reasoning from the response; parallel_tool_calls
+        False keeps the first call only (vLLM's two switches)."""
         self.mode = mode
+        self.include_reasoning = include_reasoning
+        self.parallel = parallel_tool_calls
         self.forced_name = forced_name
         self.tools = tool_parser  # auto: a fresh parser for this choice
         self.reasoning = reasoning_parser
@@ -72,17 +77,31 @@ class ChoiceOutput:
                 content = found.content
         self.tools_called = bool(calls) and self.mode != "named"
         fields["content"] = content
-        fields["tool_calls"] = calls
+        fields["tool_calls"] = calls if self.parallel else calls[:1]
+        if not self.include_reasoning:
+            fields.pop("reasoning", None), fields.pop("reasoning_content", None)
         return fields
 
     # -- streams ---------------------------------------------------------------------------
     def delta(self, text: str) -> dict:
         """The delta fields for the next piece of text (possibly none yet)."""
         if self.reasoning is None:
-            return self._answer_delta(text)
-        return self._from_reasoning(self.reasoning.feed(text))
+            return self._kept(self._answer_delta(text))
+        return self._kept(self._from_reasoning(self.reasoning.feed(text)))
 
     def finish(self) -> dict:
+        return self._kept(self._finish())
+
+    def _kept(self, delta: dict) -> dict:
+        if not self.include_reasoning:
+            delta.pop("reasoning", None), delta.pop("reasoning_content", None)
+        if not self.parallel and "tool_calls" in delta:
+            delta["tool_calls"] = [c for c in delta["tool_calls"] if c["index"] == 0]
+            if not delta["tool_calls"]:
+                del delta["tool_calls"]
+        return delta
+
+    def _finish(self) -> dict:
         merged = self._from_reasoning(self.reasoning.finish()) if self.reasoning is not None else {}
         if self.mode == "auto":
             merge_delta(merged, self._tool_fragments(self.tools.finish()))

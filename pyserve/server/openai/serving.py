@@ -19,6 +19,7 @@ from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import (check_unsupported, field, requested_max_tokens,
                                           sampling_params)
 from pyserve.server.openai.chat_output import ChoiceOutput, merge_delta
+from pyserve.server.openai.fields import check_fields
 from pyserve.server.openai.logprobs import choice_logprobs, echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import load_template, template_messages, tool_mode
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
@@ -186,6 +187,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response | StreamingResponse:
         body = self._body(request)
         stream = field(body, "stream", bool, False)
+        check_fields(body, "completions")
         check_unsupported(body, stream)
         logprobs = field(body, "logprobs", int)
         echo = field(body, "echo", bool, False)
@@ -204,6 +206,7 @@ class OpenAIServing:
     async def chat(self, request: Request) -> Response | StreamingResponse:
         body = self._body(request)
         stream = field(body, "stream", bool, False)
+        check_fields(body, "chat")
         check_unsupported(body, stream)
         top_logprobs = field(body, "top_logprobs", int)
         if top_logprobs is not None and top_logprobs < 0:
@@ -225,9 +228,11 @@ class OpenAIServing:
                 else body["messages"][-1]["role"])
         name = forced_tool_name(choice) if mode == "named" else None
         thinking = field(field(body, "chat_template_kwargs", dict, {}), "enable_thinking", bool, True)
+        include_reasoning = field(body, "include_reasoning", bool, True)
+        parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
-            self._reasoning_parser(thinking))
+            self._reasoning_parser(thinking), include_reasoning, parallel)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output)
 

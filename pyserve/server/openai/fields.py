@@ -1,0 +1,62 @@
+"""Every field of vLLM 0.32's completion and chat requests, by what pyserve does with it, so
+none is ignored unseen:
+
+- IMPLEMENTED: read somewhere in server/openai/ (params.py, serving.py, messages.py,
+  structured.py) with vLLM's meaning;
+- NO_EFFECT: fields that change nothing in the output, in vLLM either (`user`, `store`,
+  `metadata`, ...): accepted;
+- REFUSED_UNLESS_DEFAULT: what pyserve does not implement; a request that sets one to anything
+  but its default is a 400 naming it;
+- anything else is not a vLLM field: vLLM accepts and ignores it with a warning in its log,
+  and so does pyserve (an SDK's newer fields must not break requests), naming the fields.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyserve.server.errors import APIError
+
+logger = logging.getLogger("pyserve")
+
+_COMMON = {
+    "model", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "logit_bias",
+    "skip_special_tokens", "include_stop_str_in_output", "spaces_between_special_tokens",
+    "prompt_logprobs", "logprobs", "max_tokens", "stream", "stream_options", "priority", "request_id",
+    "truncate_prompt_tokens", "add_special_tokens", "response_format", "structured_outputs",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+    "guided_decoding_backend", "guided_whitespace_pattern", "best_of", "allowed_token_ids", "bad_words",
+}
+IMPLEMENTED = {
+    "completions": _COMMON | {"prompt", "echo", "suffix"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                       "add_generation_prompt", "continue_final_message", "documents", "chat_template",
+                       "chat_template_kwargs", "parallel_tool_calls", "include_reasoning"},
+}
+NO_EFFECT = {"user", "store", "metadata", "service_tier"}
+# field -> its default: anything else is refused
+REFUSED_UNLESS_DEFAULT = {
+    "use_beam_search": False, "length_penalty": 1.0, "logits_processors": None,
+    "return_tokens_as_token_ids": None, "return_token_ids": None, "cache_salt": None,
+    "kv_transfer_params": None, "vllm_xargs": None, "mm_processor_kwargs": None,
+    "prompt_embeds": None, "echo_chat": None, "reasoning_effort": None, "audio": None,
+    "modalities": None, "prediction": None, "functions": None, "function_call": None,
+    "web_search_options": None, "processed_prompt": None,
+}
+# per route, vLLM fields of that route pyserve does not implement, or the other route's fields
+_ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice": None,
+                                  "max_completion_tokens": None},
+                  "chat": {"prompt": None, "suffix": None, "echo": False}}
+
+
+def check_fields(body: dict, route: str) -> None:
+    """400 for a field pyserve does not implement; a log line for fields vLLM does not know."""
+    for name, default in (REFUSED_UNLESS_DEFAULT | _ROUTE_REFUSED[route]).items():
+        if name in body and body[name] not in (default, None):
+            raise APIError(400, f"{name} is not supported on this endpoint by this server", name)
+    unknown = (set(body) - IMPLEMENTED[route] - NO_EFFECT - set(REFUSED_UNLESS_DEFAULT)
+               - set(_ROUTE_REFUSED[route]))
+    if unknown:
+        logger.warning("the following fields were present in the request but ignored: %s",
+                       ", ".join(sorted(unknown)))

@@ -1,0 +1,89 @@
+"""A chat choice's text -> OpenAI's message fields, whole and streamed, for each tool mode and
+with a reasoning parser: the streamed fragments add up to the whole response."""
+
+import json
+import random
+
+import pytest
+
+from pyserve.server.openai.chat_output import ChoiceOutput, merge_delta
+from pyserve.server.openai.reasoning import reasoning_parser
+from pyserve.server.openai.tool_parsers import tool_parser
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}]
+HERMES = ('Sure. <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+          '<tool_call>{"name": "g", "arguments": {"y": "z"}}</tool_call>')
+
+
+def make(mode, **kw):
+    parser = tool_parser("hermes", TOOLS) if mode == "auto" else None
+    reasoning = reasoning_parser("deepseek_r1") if kw.pop("reasoning", False) else None
+    return ChoiceOutput(mode, kw.pop("name", None), parser, reasoning, **kw)
+
+
+def streamed(output, text, seed=0):
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(12, len(text) - 1)))
+    merged = {}
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        merge_delta(merged, output.delta(text[a:b]))
+    merge_delta(merged, output.finish())
+    calls = {}
+    for c in merged.get("tool_calls", []):
+        entry = calls.setdefault(c["index"], {"name": None, "arguments": ""})
+        entry["name"] = c.get("function", {}).get("name") or entry["name"]
+        entry["arguments"] += c.get("function", {}).get("arguments", "")
+    return merged, [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_auto_whole_and_streamed_agree(seed):
+    whole = make("auto").whole(HERMES)
+    assert whole["content"] == "Sure." and [c["function"]["name"] for c in whole["tool_calls"]] == ["f", "g"]
+    out = make("auto")
+    merged, calls = streamed(out, HERMES, seed)
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]]
+    assert merged.get("content", "").strip() == "Sure."
+    assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "length"
+
+
+def test_parallel_tool_calls_false_keeps_the_first():
+    assert [c["function"]["name"] for c in make("auto", parallel_tool_calls=False).whole(HERMES)["tool_calls"]] == ["f"]
+    _, calls = streamed(make("auto", parallel_tool_calls=False), HERMES)
+    assert [c["name"] for c in calls] == ["f"]
+
+
+def test_required_and_named():
+    text = json.dumps([{"name": "g", "parameters": {"y": 2}}])
+    out = make("required")
+    whole = out.whole(text)
+    assert whole["content"] == "" and whole["tool_calls"][0]["function"] == {"name": "g", "arguments": '{"y": 2}'}
+    assert out.finish_reason("stop") == "tool_calls"
+    _, calls = streamed(make("required"), text)
+    assert calls == [{"name": "g", "arguments": '{"y": 2}'}]
+    named = make("named", name="f")
+    assert named.whole('{"a": 1}')["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert named.finish_reason("stop") == "stop"  # OpenAI's for a named function
+    _, calls = streamed(make("named", name="f"), '{"a": 1}')
+    assert calls == [{"name": "f", "arguments": '{"a": 1}'}]
+
+
+def test_reasoning_then_tool_calls_and_include_reasoning():
+    text = "Let me think.</think>" + HERMES
+    whole = make("auto", reasoning=True).whole(text)
+    assert whole["reasoning"] == whole["reasoning_content"] == "Let me think."
+    assert [c["function"]["name"] for c in whole["tool_calls"]] == ["f", "g"]
+    merged, calls = streamed(make("auto", reasoning=True), text, seed=3)
+    assert merged["reasoning"] == "Let me think." and [c["name"] for c in calls] == ["f", "g"]
+    hidden = make("none", reasoning=True, include_reasoning=False)
+    assert "reasoning" not in hidden.whole("hmm</think>answer")
+    merged, _ = streamed(make("none", reasoning=True, include_reasoning=False), "hmm</think>answer")
+    assert "reasoning" not in merged and merged["content"] == "answer"
+
+
+def test_plain_content_streams_every_piece():
+    out = make("none")
+    assert out.delta("") == {"content": ""} and out.delta("a") == {"content": "a"}
+    assert out.whole("hi") == {"content": "hi", "tool_calls": []}
