@@ -25,7 +25,7 @@ from pyserve.server.openai.messages import load_template, template_messages, too
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
-from pyserve.server.openai.streaming import stream_chunks, usage_counts
+from pyserve.server.openai.streaming import chunk_dicts, stream_chunks, usage_counts
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 logger = logging.getLogger("pyserve.requests")
@@ -69,10 +69,12 @@ class OpenAIServing:
             raise APIError(400, f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
-        model = body.get("model")
+        self.check_model(body.get("model"))
+        return body
+
+    def check_model(self, model) -> None:
         if model not in (None, "") and model not in self.names:  # "" means the served model, as in vLLM
             raise APIError(404, f"the model '{model}' does not exist", "model")
-        return body
 
     def _truncation(self, body: dict) -> int | None:
         """vLLM's truncate_prompt_tokens: how many last prompt tokens to keep (-1: the model
@@ -204,7 +206,12 @@ class OpenAIServing:
                                    echo=echo, echo_only=echo_only)
 
     async def chat(self, request: Request) -> Response | StreamingResponse:
-        body = self._body(request)
+        return await self.chat_result(request, self._body(request), as_data=False)
+
+    async def chat_result(self, request: Request, body: dict, as_data: bool = True):
+        """A chat request's answer. as_data: the response as a dict, or (stream true) an async
+        iterator of chunk dicts, which other APIs (Anthropic's, Responses) translate; the
+        caller must exhaust or aclose() it. Else the HTTP response."""
         stream = field(body, "stream", bool, False)
         check_fields(body, "chat")
         check_unsupported(body, stream)
@@ -234,7 +241,7 @@ class OpenAIServing:
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
             self._reasoning_parser(thinking), include_reasoning, parallel)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
-                                   role=role, output=output)
+                                   role=role, output=output, as_data=as_data)
 
     def _tool_parser(self, tools):
         from pyserve.server.openai.tool_parsers import tool_parser
@@ -268,7 +275,7 @@ class OpenAIServing:
 
     async def _respond(self, request, body, prompts, params, stream: bool, chat: bool,
                        echo: bool = False, echo_only: bool = False, role: str = "assistant",
-                       output=ChoiceOutput):
+                       output=ChoiceOutput, as_data: bool = False):
         # everything that can refuse the request is read before any prompt is admitted
         priority = field(body, "priority", int, 0)
         include_usage = continuous = False
@@ -290,14 +297,17 @@ class OpenAIServing:
                 "echo": [text if text is not None else self.tokenizer.decode(ids)
                          for text, ids in prompts] if echo else None}
         if stream:
+            if as_data:
+                return chunk_dicts(self, streams, meta, include_usage, continuous)
             return StreamingResponse(200, stream_chunks(self, streams, meta, include_usage, continuous))
         try:
-            return await self._collect(streams, meta)
+            response = await self._collect(streams, meta)
+            return response if as_data else _json(response)
         finally:  # the client went away, or a bug: nothing may keep running
             for rid, _ in streams:
                 self.engine.discard(rid)
 
-    async def _collect(self, streams, meta) -> Response:
+    async def _collect(self, streams, meta) -> dict:
         choices, completion_tokens, prompt_logprobs = [], 0, None
         for p, (_, it) in enumerate(streams):
             final = None
@@ -325,7 +335,7 @@ class OpenAIServing:
                     "usage": self.usage(prompt_tokens, completion_tokens, meta)}
         if meta["chat"] and prompt_logprobs is not None:
             response["prompt_logprobs"] = prompt_logprobs
-        return _json(response)
+        return response
 
     async def tokenize(self, request: Request) -> Response:
         body = self._body(request)

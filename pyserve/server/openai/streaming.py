@@ -23,9 +23,22 @@ def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
 
 async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                         continuous_usage: bool) -> AsyncIterator[bytes]:
-    """The SSE events of a streamed response: per choice a role chunk (chat), then one chunk
-    per engine output, optional usage, then [DONE]. However it ends (a client gone, an engine
-    failure) every prompt's request is discarded, so nothing keeps running."""
+    """The SSE events of a streamed response: chunk_dicts' chunks, then [DONE]."""
+    chunks = chunk_dicts(serving, streams, meta, include_usage, continuous_usage)
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await chunks.aclose()
+
+
+async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,
+                      continuous_usage: bool) -> AsyncIterator[dict]:
+    """A streamed response's chunks as data: per choice a role chunk (chat), then one chunk
+    per engine output, optional usage; an engine failure ends it with {"error": {...}}.
+    However it ends (a client gone, an engine failure) every prompt's request is discarded,
+    so nothing keeps running. (Other APIs translate these chunks into their own events.)"""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(p, it):
@@ -53,7 +66,7 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                 open_streams -= 1
                 continue
             if isinstance(out, Exception):
-                yield b"data: " + error_body(500, f"generation failed: {out}") + b"\n\n"
+                yield orjson.loads(error_body(500, f"generation failed: {out}"))
                 break
             if out.prompt_logprobs is not None:
                 prompt_logprobs.setdefault(p, out.prompt_logprobs)
@@ -67,7 +80,7 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                                                  "delta": {"role": meta["role"], "content": ""}}]}
                     if continuous_usage:
                         role["usage"] = usage_counts(prompt_tokens, 0)
-                    yield sse(role)
+                    yield role
                 if meta["chat"] and index not in outputs:
                     outputs[index] = meta["output"]()
                 choice = serving.choice(meta, index, c, final=False, output=outputs.get(index))
@@ -90,11 +103,10 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
                 chunk = {**head, "choices": [choice]}
                 if continuous_usage:
                     chunk["usage"] = usage_counts(prompt_tokens, generated[index])
-                yield sse(chunk)
+                yield chunk
         if include_usage:
-            yield sse({**head, "choices": [], "usage": serving.usage(
-                sum(meta["prompt_tokens"]), sum(generated.values()), meta)})
-        yield b"data: [DONE]\n\n"
+            yield {**head, "choices": [], "usage": serving.usage(
+                sum(meta["prompt_tokens"]), sum(generated.values()), meta)}
     finally:
         for t in tasks:
             t.cancel()
