@@ -66,7 +66,7 @@ class ServerState:
     async def _route(self, request: Request) -> Response:
         path = normalize_path(request.target)
         if self.auth.enabled and path not in OPEN_PATHS and not self.auth.allows(request):
-            return self.auth.refusal()  # before routing: unknown paths too, and while loading
+            return self.auth.refusal(path)  # before routing: unknown paths too, and while loading
         given = request.headers.get("x-request-id")
         if given is not None and not REQUEST_ID.fullmatch(given):
             return error_response(400, "the X-Request-Id header must be 1 to 256 visible ASCII "
@@ -129,6 +129,17 @@ def _build_routes(state: ServerState, engine) -> Router:
     router.add("POST", "/detokenize", serving.detokenize)
     router.add("POST", "/v1/completions", serving.completions)
     router.add("POST", "/v1/chat/completions", serving.chat)
+    from pyserve.server.anthropic import AnthropicServing
+
+    anthropic = AnthropicServing(serving)  # Anthropic's Messages API, onto the chat path
+    router.add("POST", "/v1/messages", anthropic.messages)
+    router.add("POST", "/v1/messages/count_tokens", anthropic.count_tokens)
+    from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
+
+    responses = ResponsesAPI(serving, ResponseStore())  # the server's stored responses
+    router.add("POST", "/v1/responses", responses.create)
+    router.add("GET", "/v1/responses/{response_id}", responses.retrieve)
+    router.add("DELETE", "/v1/responses/{response_id}", responses.delete)
     return router
 
 

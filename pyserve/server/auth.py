@@ -2,10 +2,12 @@
 
 Open without a key: the liveness routes a load balancer polls (`/health`, `/ping`, `/version`)
 and a real CORS preflight (a browser sends those without credentials). Everything else, an
-unknown path included, answers 401 without a valid `Authorization: Bearer <key>`, so a client
-without a key cannot tell which routes exist.
+unknown path included, answers 401 without a valid key, so a client without a key cannot tell
+which routes exist. A key comes as `Authorization: Bearer <key>` or, as Anthropic's API takes
+it, `x-api-key: <key>`; either one matching is enough. The 401 is in Anthropic's error
+shape on its /v1/messages paths, OpenAI's elsewhere.
 
-The presented token is compared with every configured key as SHA-256 digests of equal length,
+Each presented token is compared with every configured key as SHA-256 digests of equal length,
 each comparison in constant time and all of them made, so neither the length of a key nor which
 key matched shows in the timing.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from pyserve.server.errors import error_response
+from pyserve.server.errors import anthropic_error_response, error_response
 from pyserve.server.http import Request, Response
 
 OPEN_PATHS = frozenset({"/health", "/ping", "/version"})
@@ -45,17 +47,29 @@ class APIKeyCheck:
             return None
         return token
 
+    @staticmethod
+    def api_key_header(request: Request) -> str | None:
+        """The key of a single `x-api-key` header, else None: empty, or holding a space (a
+        repeated header, which the parser joins with ", ")."""
+        value = request.headers.get("x-api-key")
+        if not value or any(c.isspace() for c in value):
+            return None
+        return value
+
     def allows(self, request: Request) -> bool:
-        token = self.bearer_token(request)
-        if token is None:
-            return False
-        given = _digest(token)
+        tokens = [t for t in (self.bearer_token(request), self.api_key_header(request)) if t is not None]
         matched = False
-        for digest in self._digests:  # no early exit: every key costs the same
-            matched |= hmac.compare_digest(given, digest)
+        for token in tokens:
+            given = _digest(token)
+            for digest in self._digests:  # no early exit: every key costs the same
+                matched |= hmac.compare_digest(given, digest)
         return matched
 
-    def refusal(self) -> Response:
-        response = error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'")
+    def refusal(self, path: str = "") -> Response:
+        message = "missing or invalid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+        if path == "/v1/messages" or path.startswith("/v1/messages/"):
+            response = anthropic_error_response(401, message)
+        else:
+            response = error_response(401, message)
         response.headers.append(("www-authenticate", "Bearer"))
         return response

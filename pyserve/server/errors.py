@@ -1,4 +1,5 @@
-"""Errors in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+"""Errors in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}; and in
+Anthropic's, {"type": "error", "error": {"type", "message"}}, on its /v1/messages routes."""
 
 from __future__ import annotations
 
@@ -30,3 +31,17 @@ def error_body(status: int, message: str, param: str | None = None) -> bytes:
 
 def error_response(status: int, message: str, param: str | None = None) -> Response:
     return Response(status, error_body(status, message, param))
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error_response(status: int, message: str) -> Response:
+    return Response(status, orjson.dumps({"type": "error", "error": {
+        "type": anthropic_error_type(status), "message": message}}))

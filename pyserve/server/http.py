@@ -44,6 +44,7 @@ class Request:
     body: bytes = b""
     keep_alive: bool = True
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    path_params: dict[str, str] = field(default_factory=dict)  # the router's {name} segment
 
 
 @dataclass

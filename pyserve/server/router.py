@@ -1,6 +1,10 @@
 """Routes: (method, path) -> handler, with 404 for unknown paths and 405 (and Allow) for a
 known path asked with the wrong method. Paths are normalised before lookup, so that
-percent-encoding, repeated slashes and a trailing slash name the same route."""
+percent-encoding, repeated slashes and a trailing slash name the same route.
+
+A path may end in one parameter, '/v1/responses/{response_id}': it matches any one last
+segment (of the normalised path) under that prefix, an exact route winning, and the handler
+finds the segment in request.path_params."""
 
 from __future__ import annotations
 
@@ -25,22 +29,41 @@ def normalize_path(target: str) -> str:
 class Router:
     def __init__(self, error_response):
         self._routes: dict[str, dict[str, Handler]] = {}
+        # '/v1/responses/' -> ('response_id', {method: handler}): one trailing parameter
+        self._prefixes: dict[str, tuple[str, dict[str, Handler]]] = {}
         self._error = error_response  # (status, message) -> Response
 
     def add(self, method: str, path: str, handler: Handler) -> None:
-        self._routes.setdefault(path, {})[method] = handler
+        head, _, last = path.rpartition("/")
+        if last.startswith("{") and last.endswith("}"):
+            name = last[1:-1]
+            if not name.isidentifier() or "{" in head:
+                raise ValueError(f"a route may end in one {{name}} parameter, got {path!r}")
+            known, methods = self._prefixes.setdefault(head + "/", (name, {}))
+            if known != name:
+                raise ValueError(f"{path!r}: the parameter under {head}/ is named {known!r}")
+        else:
+            methods = self._routes.setdefault(path, {})
+        methods[method] = handler
         if method == "GET":
-            self._routes[path].setdefault("HEAD", handler)
+            methods.setdefault("HEAD", handler)
 
     def routes(self) -> list[tuple[str, str]]:
         """Every (method, path) served, for tests that must cover each route."""
-        return sorted((method, path) for path, methods in self._routes.items() for method in methods)
+        exact = [(method, path) for path, methods in self._routes.items() for method in methods]
+        prefixed = [(method, f"{prefix}{{{name}}}") for prefix, (name, methods) in self._prefixes.items()
+                    for method in methods]
+        return sorted(exact + prefixed)
 
     async def __call__(self, request: Request) -> Response:
         path = normalize_path(request.target)
         methods = self._routes.get(path)
         if methods is None:
-            return self._error(404, f"no route for {path}")
+            head, _, last = path.rpartition("/")
+            name, methods = self._prefixes.get(head + "/", (None, None))
+            if methods is None or not last:
+                return self._error(404, f"no route for {path}")
+            request.path_params = {name: last}
         handler = methods.get(request.method)
         if handler is None:
             response = self._error(405, f"{request.method} is not allowed on {path}")

@@ -40,7 +40,10 @@ def test_every_route_in_the_table_needs_a_key(state):
         assert response.status == 401, (method, path)
         assert ("www-authenticate", "Bearer") in response.headers
         body = orjson.loads(response.body)
-        assert body["error"]["code"] == 401 and body["error"]["type"] == "AuthenticationError"
+        if path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
+            assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+        else:
+            assert body["error"]["code"] == 401 and body["error"]["type"] == "AuthenticationError"
         assert not any(key in response.body.decode() for key in KEYS)
 
 
@@ -88,6 +91,38 @@ def test_absolute_form_reaches_the_route_with_a_key(state):
 def test_header_forms(state, value, ok):
     response = ask(state, "GET", "/v1/models", {"authorization": value})
     assert (response.status == 200) is ok, value
+
+
+@pytest.mark.parametrize("value,ok", [
+    (KEYS[0], True), (KEYS[1], True), (f"{KEYS[0]}x", False), (KEYS[0][:-1], False), ("", False),
+    (f" {KEYS[0]}", False), (f"Bearer {KEYS[0]}", False), ("wrong-key", False),
+    (f"{KEYS[0]}, {KEYS[0]}", False)])  # a repeated header, as the parser joins it
+def test_x_api_key_header(state, value, ok):
+    response = ask(state, "GET", "/v1/models", {"x-api-key": value})
+    assert (response.status == 200) is ok, value
+
+
+def test_either_header_may_carry_the_key(state):
+    assert ask(state, "GET", "/v1/models", {"x-api-key": KEYS[1],
+                                            "authorization": "Bearer wrong"}).status == 200
+    assert ask(state, "GET", "/v1/models", {"x-api-key": "wrong",
+                                            "authorization": f"Bearer {KEYS[0]}"}).status == 200
+    assert ask(state, "GET", "/v1/models", {"x-api-key": "wrong",
+                                            "authorization": "Bearer wrong"}).status == 401
+
+
+@pytest.mark.parametrize("target", ["/v1/messages", "/v1/messages/count_tokens", "//v1/messages/",
+                                    "/v1/messages/nothing"])
+def test_anthropic_paths_refuse_in_anthropic_shape(state, target):
+    for headers in ({}, {"x-api-key": "wrong-key"}, {"authorization": "Bearer wrong-key"}):
+        response = ask(state, "POST", target, headers, b"{}")
+        assert response.status == 401, (target, headers)
+        body = orjson.loads(response.body)
+        assert body == {"type": "error", "error": {"type": "authentication_error",
+                                                   "message": body["error"]["message"]}}
+        assert "x-api-key" in body["error"]["message"]
+    response = ask(state, "POST", target, {"x-api-key": KEYS[0]}, b"{}")
+    assert response.status != 401
 
 
 def test_no_keys_means_no_check():

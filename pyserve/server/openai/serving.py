@@ -62,7 +62,8 @@ class OpenAIServing:
             None, lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     # -- request parsing -----------------------------------------------------------------------
-    def _body(self, request: Request) -> dict:
+    def parse_body(self, request: Request) -> dict:
+        """The JSON object of a request (400 if it is not one), its model checked (404)."""
         try:
             body = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
@@ -187,7 +188,7 @@ class OpenAIServing:
         return (given, True) if given else (uuid.uuid4().hex, False)
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
-        body = self._body(request)
+        body = self.parse_body(request)
         stream = field(body, "stream", bool, False)
         check_fields(body, "completions")
         check_unsupported(body, stream)
@@ -206,7 +207,7 @@ class OpenAIServing:
                                    echo=echo, echo_only=echo_only)
 
     async def chat(self, request: Request) -> Response | StreamingResponse:
-        return await self.chat_result(request, self._body(request), as_data=False)
+        return await self.chat_result(request, self.parse_body(request), as_data=False)
 
     async def chat_result(self, request: Request, body: dict, as_data: bool = True):
         """A chat request's answer. as_data: the response as a dict, or (stream true) an async
@@ -338,7 +339,7 @@ class OpenAIServing:
         return response
 
     async def tokenize(self, request: Request) -> Response:
-        body = self._body(request)
+        body = self.parse_body(request)
         if "messages" in body:
             tokens = await self._chat_prompt(body, tool_mode(body, False, False)[1])
         else:
@@ -353,7 +354,7 @@ class OpenAIServing:
                       "tokens": tokens, "token_strs": strs})
 
     async def detokenize(self, request: Request) -> Response:
-        body = self._body(request)
+        body = self.parse_body(request)
         tokens = body.get("tokens")
         vocab = self.engine.vocab_size
         if not isinstance(tokens, list) or not all(

@@ -1,0 +1,253 @@
+"""An Anthropic Messages request -> the OpenAI chat body `OpenAIServing.chat_result` reads.
+
+    system (a string or text blocks)      a system message
+    messages[].content (string | blocks)  text blocks -> text parts (joined with newlines, as
+                                          the chat path joins them); an assistant's tool_use
+                                          blocks -> its tool_calls (arguments as JSON text); a
+                                          user's tool_result blocks -> role "tool" messages
+                                          (tool_call_id), in order with its text
+    a final assistant message             a prefill: continue_final_message, no generation prompt
+    max_tokens (required)                 max_tokens
+    stop_sequences                        stop
+    temperature, top_p, top_k             the same
+    stream                                stream, with stream_options include_usage
+    tools {name, description, input_schema}  function tools {name, description, parameters}
+    tool_choice auto | any | tool | none  "auto" | "required" | a named function | "none";
+                                          disable_parallel_tool_use -> parallel_tool_calls false
+    thinking                              absent or disabled only (no thinking budget here)
+    metadata, service_tier, speed,        accepted: they change nothing (cache_control on a
+    user_profile_id, workspace_id,        block too: prefix caching here is automatic)
+    cache_control
+
+pyserve's own sampling and structured-output fields (vLLM's extras, e.g. `structured_outputs`)
+pass through with their chat meaning. Anything else is a 400 naming it: images and documents
+(the models served take text only), thinking blocks, server tools, and fields that would change
+the answer in a way this server cannot honour. Errors are APIError(400, message, param), with
+Anthropic's field names."""
+
+from __future__ import annotations
+
+import json
+
+from pyserve.server.errors import APIError
+from pyserve.server.openai.params import MAX_STOP, field
+
+# vLLM's extras to the chat request, read by the chat path as on /v1/chat/completions
+PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "min_tokens", "chat_template_kwargs")
+NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "cache_control")
+_PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
+                  "speed", "user_profile_id", "workspace_id"}
+FIELDS = {
+    "messages": _PROMPT_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
+                                  "stream", *NO_EFFECT, *PASSTHROUGH},
+    "count_tokens": _PROMPT_FIELDS | {"chat_template_kwargs"},
+}
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+_TEXT_ONLY = "this server's model takes text only"
+
+
+def _fail(param: str, message: str):
+    raise APIError(400, f"{param}: {message}", param.split(".")[0].split("[")[0])
+
+
+def _check_keys(block: dict, where: str, allowed: set[str]) -> None:
+    """A block's keys beyond `allowed` must be ones that change nothing: cache_control (prefix
+    caching here is automatic), a direct caller on tool_use, or null."""
+    for key, value in block.items():
+        if key in allowed or key == "cache_control" or value is None:
+            continue
+        if key == "caller" and value == {"type": "direct"}:
+            continue
+        _fail(f"{where}.{key}", "this field is not supported by this server")
+
+
+def _text_parts(blocks, where: str) -> list[dict]:
+    """A string or a list of text blocks -> OpenAI text parts."""
+    if isinstance(blocks, str):
+        return [{"type": "text", "text": blocks}]
+    if not isinstance(blocks, list):
+        _fail(where, "must be a string or a list of text blocks")
+    return [_text_part(block, f"{where}[{j}]") for j, block in enumerate(blocks)]
+
+
+def _text_part(block, where: str) -> dict:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in ("image", "document"):
+            _fail(where, f"{kind} blocks are not supported: {_TEXT_ONLY}")
+        _fail(where, "must be a text block ({\"type\": \"text\", \"text\": ...})")
+    if not isinstance(block.get("text"), str):
+        _fail(f"{where}.text", "must be a string")
+    _check_keys(block, where, {"type", "text", "citations"})  # citations: where text came from
+    return {"type": "text", "text": block["text"]}
+
+
+def _tool_call(block: dict, where: str) -> dict:
+    _check_keys(block, where, {"type", "id", "name", "input"})
+    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+        _fail(where, "a tool_use block needs a string id and name")
+    arguments = block.get("input", {})
+    if not isinstance(arguments, dict):
+        _fail(f"{where}.input", "must be an object")
+    return {"id": block["id"], "type": "function",
+            "function": {"name": block["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _tool_message(block: dict, where: str) -> dict:
+    # is_error has no place in a chat template: the result's own text says what went wrong
+    _check_keys(block, where, {"type", "tool_use_id", "content", "is_error"})
+    if not isinstance(block.get("tool_use_id"), str):
+        _fail(f"{where}.tool_use_id", "must be a string")
+    content = block.get("content")
+    text = "" if content is None else "\n".join(
+        p["text"] for p in _text_parts(content, f"{where}.content"))
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
+
+
+def _turn(i: int, message) -> list[dict]:
+    """One Anthropic message -> its chat messages (a user's tool results split it)."""
+    where = f"messages[{i}]"
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        _fail(where, "must be an object with role \"user\" or \"assistant\"")
+    _check_keys(message, where, {"role", "content"})
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list) or not content:
+        _fail(f"{where}.content", "must be a string or a non-empty list of content blocks")
+    out: list[dict] = []
+    parts: list[dict] = []
+    calls: list[dict] = []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            parts.append(_text_part(block, at))
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_tool_call(block, at))
+        elif kind == "tool_result" and role == "user":
+            if parts:
+                out.append({"role": "user", "content": parts})
+                parts = []
+            out.append(_tool_message(block, at))
+        elif kind in ("image", "document"):
+            _fail(at, f"{kind} blocks are not supported: {_TEXT_ONLY}")
+        elif kind in ("thinking", "redacted_thinking"):
+            _fail(at, f"{kind} blocks are not supported: this server returns no thinking")
+        elif kind in ("tool_use", "tool_result"):
+            owner = "an assistant" if kind == "tool_use" else "a user"
+            _fail(at, f"{kind} blocks belong in {owner} message")
+        else:
+            _fail(at, f"content blocks of type {kind!r} are not supported by this server")
+    if role == "assistant":
+        message = {"role": "assistant", "content": parts or None}
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
+    elif parts:
+        out.append({"role": "user", "content": parts})
+    return out
+
+
+def _tools(tools) -> list[dict]:
+    if not isinstance(tools, list):
+        _fail("tools", "must be a list")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            _fail(where, "must be an object")
+        if tool.get("type") not in (None, "custom"):
+            _fail(f"{where}.type", f"server tools ({tool['type']!r}) are not supported by this server")
+        _check_keys(tool, where, {"type", "name", "description", "input_schema"})
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            _fail(f"{where}.name", "must be a non-empty string")
+        if not isinstance(tool.get("input_schema"), dict):
+            _fail(f"{where}.input_schema", "must be a JSON schema object")
+        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice, body: dict) -> None:
+    if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+        _fail("tool_choice", "must be an object with a type: auto, any, tool or none")
+    kind = choice["type"]
+    if kind == "tool":
+        _check_keys(choice, "tool_choice", {"type", "name", "disable_parallel_tool_use"})
+        if not isinstance(choice.get("name"), str):
+            _fail("tool_choice.name", "must name a tool")
+        body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    elif kind in _TOOL_CHOICES:
+        allowed = {"type"} if kind == "none" else {"type", "disable_parallel_tool_use"}
+        _check_keys(choice, "tool_choice", allowed)
+        body["tool_choice"] = _TOOL_CHOICES[kind]
+    else:
+        _fail("tool_choice.type", f"must be auto, any, tool or none, got {kind!r}")
+    if field(choice, "disable_parallel_tool_use", bool, False):
+        body["parallel_tool_calls"] = False
+
+
+def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
+    """(the chat body, the stop sequences) for a /v1/messages request, or (route
+    "count_tokens") the body whose rendered prompt /v1/messages/count_tokens counts."""
+    if not isinstance(request, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    for name in request:
+        if name not in FIELDS[route] and request[name] is not None:
+            _fail(name, "this field is not supported by this server")
+    model = request.get("model")
+    if model is not None and not isinstance(model, str):
+        _fail("model", "must be a string")
+    thinking = request.get("thinking")
+    if thinking is not None and thinking != {"type": "disabled"}:
+        _fail("thinking", "only {\"type\": \"disabled\"}: this server has no extended thinking")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        _fail("messages", "must be a non-empty list")
+    chat: list[dict] = []
+    system = request.get("system")
+    if system is not None and system != "" and system != []:
+        chat.append({"role": "system", "content": _text_parts(system, "system")})
+    for i, message in enumerate(messages):
+        chat += _turn(i, message)
+    # reasoning (with --reasoning-parser) has no place in an answer without thinking blocks
+    body: dict = {"model": model, "messages": chat, "include_reasoning": False}
+    if messages[-1].get("role") == "assistant":  # Anthropic's prefill: the answer continues it
+        if chat[-1].get("tool_calls"):
+            _fail(f"messages[{len(messages) - 1}]", "a final assistant message cannot end with "
+                  "tool_use: send its tool_result in a user message")
+        body["add_generation_prompt"], body["continue_final_message"] = False, True
+    if request.get("tools") is not None:
+        body["tools"] = _tools(request["tools"])
+    if request.get("tool_choice") is not None:
+        _tool_choice(request["tool_choice"], body)
+    for name in PASSTHROUGH:
+        if request.get(name) is not None and name in FIELDS[route]:
+            body[name] = request[name]
+    if route == "count_tokens":
+        return body, []
+    max_tokens = field(request, "max_tokens", int)
+    if max_tokens is None:
+        _fail("max_tokens", "Field required")
+    if max_tokens < 1:
+        _fail("max_tokens", f"must be at least 1, got {max_tokens}")
+    body["max_tokens"] = max_tokens
+    stops = request.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list)
+                              or not all(isinstance(s, str) and s for s in stops)):
+        _fail("stop_sequences", "must be a list of non-empty strings")
+    if stops and len(stops) > MAX_STOP:
+        _fail("stop_sequences", f"may hold at most {MAX_STOP} entries, got {len(stops)}")
+    if stops:
+        body["stop"] = list(stops)
+    for name in ("temperature", "top_p", "top_k"):
+        if request.get(name) is not None:
+            body[name] = request[name]
+    if field(request, "stream", bool, False):
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body, list(stops or [])

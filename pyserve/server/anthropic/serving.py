@@ -1,0 +1,76 @@
+"""The /v1/messages routes on OpenAIServing: one engine path, the chat one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import orjson
+
+from pyserve.server.anthropic.request import chat_body
+from pyserve.server.anthropic.response import MessageEvents, message
+from pyserve.server.errors import APIError, anthropic_error_response
+from pyserve.server.http import Request, Response, StreamingResponse
+from pyserve.server.openai.messages import tool_mode
+
+logger = logging.getLogger("pyserve")
+
+
+def _event(kind: str, data: dict) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _refusal(exc: APIError) -> Response:
+    response = anthropic_error_response(exc.status, exc.message)
+    response.headers.extend(exc.headers)
+    return response
+
+
+class AnthropicServing:
+    def __init__(self, serving):
+        """serving: the server's OpenAIServing."""
+        self.serving = serving
+
+    def _request(self, request: Request, route: str) -> tuple[dict, list[str]]:
+        try:
+            parsed = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        body, stops = chat_body(parsed, route)
+        self.serving.check_model(body["model"])
+        return body, stops
+
+    async def messages(self, request: Request) -> Response | StreamingResponse:
+        try:
+            body, stops = self._request(request, "messages")
+            result = await self.serving.chat_result(request, body)
+            if not body.get("stream"):
+                return Response(200, orjson.dumps(message(result, stops)))
+        except APIError as exc:
+            return _refusal(exc)
+        except Exception as exc:  # a failed step (the stream's own failure is an error event)
+            logger.exception("generation failed")
+            return anthropic_error_response(500, f"generation failed: {exc}")
+        return StreamingResponse(200, self._events(result, stops))
+
+    async def _events(self, chunks, stops: list[str]) -> AsyncIterator[bytes]:
+        events = MessageEvents(stops)
+        try:
+            async for chunk in chunks:
+                for kind, data in events.feed(chunk):
+                    yield _event(kind, data)
+                if events.failed:
+                    return
+            for kind, data in events.close():
+                yield _event(kind, data)
+        finally:  # a client gone, an engine failure: the chat stream discards its request
+            await chunks.aclose()
+
+    async def count_tokens(self, request: Request) -> Response:
+        """{"input_tokens": N}: the translated request's prompt as the chat template renders it."""
+        try:
+            body, _ = self._request(request, "count_tokens")
+            ids = await self.serving._chat_prompt(body, tool_mode(body, False, False)[1])
+        except APIError as exc:
+            return _refusal(exc)
+        return Response(200, orjson.dumps({"input_tokens": len(ids)}))

@@ -1,0 +1,197 @@
+"""The chat path's answer -> a Responses response object, whole or as its stream of events.
+
+A chat message becomes output items: its content a message item (one output_text part), each
+tool call a function_call item (call_id the chat call's id). finish_reason "length" makes the
+response "incomplete" (reason max_output_tokens) and its last item too. Streams follow
+OpenAI's order: response.created, response.in_progress, then per item output_item.added,
+(content_part.added, output_text.delta..., output_text.done, content_part.done) or
+(function_call_arguments.delta..., function_call_arguments.done), output_item.done, and last
+response.completed / response.incomplete with the whole response (response.failed if the
+engine fails). Each event carries its type and a sequence_number from 0."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from pyserve.server.openai.params import field
+
+
+def _id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "message", "id": item_id or _id("msg_"), "status": status, "role": "assistant",
+            "content": [text_part(text)]}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
+              item_id: str | None = None) -> dict:
+    return {"type": "function_call", "id": item_id or _id("fc_"), "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def usage(chat_usage: dict | None) -> dict:
+    chat_usage = chat_usage or {}
+    prompt, completion = chat_usage.get("prompt_tokens", 0), chat_usage.get("completion_tokens", 0)
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached,
+                                                             "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+class Turn:
+    """One Responses request: its id and the request fields every response object echoes."""
+
+    def __init__(self, body: dict, defaults: dict, model: str):
+        self.id = _id("resp_")
+        self.created_at = int(time.time())
+        choice = body.get("tool_choice")
+        self.echo = {
+            "model": model, "instructions": body.get("instructions"),
+            "max_output_tokens": field(body, "max_output_tokens", int),
+            "metadata": body.get("metadata") or {},
+            "parallel_tool_calls": field(body, "parallel_tool_calls", bool, True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": None, "store": field(body, "store", bool, True),
+            # the effective values: the request's, else the model's generation defaults
+            "temperature": field(body, "temperature", float, defaults.get("temperature", 1.0)),
+            "top_p": field(body, "top_p", float, defaults.get("top_p", 1.0)),
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "tool_choice": choice if choice is not None else "auto",
+            "tools": body.get("tools") or [], "truncation": "disabled",
+            "user": body.get("user"), "background": False}
+
+    def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
+                 error: dict | None = None) -> dict:
+        return {"id": self.id, "object": "response", "created_at": self.created_at,
+                "status": status, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                **self.echo, "output": output,
+                "usage": usage(chat_usage) if status != "in_progress" else None}
+
+    def from_completion(self, completion: dict) -> dict:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        output = [message_item(message["content"])] if message.get("content") else []
+        output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
+                   for c in message.get("tool_calls") or []]
+        if not output:
+            output = [message_item("")]
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        if status == "incomplete":
+            output[-1]["status"] = "incomplete"
+        return self.response(status, output, completion.get("usage"))
+
+    async def events(self, chunks: AsyncIterator[dict], first: dict | None,
+                     done: list) -> AsyncIterator[dict]:
+        """The stream's events from the chat chunks (first: the one already read, None if
+        there were none); the final response is appended to done."""
+        stream = _Events()
+        yield stream.event("response.created", response=self.response("in_progress", []))
+        yield stream.event("response.in_progress", response=self.response("in_progress", []))
+        chunk = first
+        while chunk is not None:
+            if "error" in chunk:
+                error = {"code": "server_error", "message": chunk["error"].get("message", "error")}
+                for event in stream.close("error"):
+                    yield event
+                failed = self.response("failed", stream.items, stream.usage, error=error)
+                yield stream.event("response.failed", response=failed)
+                return
+            for event in stream.feed(chunk):
+                yield event
+            chunk = await anext(chunks, None)
+        for event in stream.close(stream.finish, last=True):
+            yield event
+        status = "incomplete" if stream.finish == "length" else "completed"
+        final = self.response(status, stream.items, stream.usage)
+        done.append(final)
+        yield stream.event(f"response.{status}", response=final)
+
+
+class _Events:
+    """The state of one stream: its items so far, the open one, the chat calls' items."""
+
+    def __init__(self):
+        self.sequence = 0
+        self.items: list[dict] = []
+        self.open: int | None = None  # output index of the item still receiving deltas
+        self.calls: dict[int, int] = {}  # chat tool-call index -> output index
+        self.finish: str | None = None
+        self.usage: dict | None = None
+
+    def event(self, kind: str, **fields) -> dict:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def feed(self, chunk: dict) -> list[dict]:
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
+        events: list[dict] = []
+        for choice in chunk.get("choices") or []:
+            self.finish = choice.get("finish_reason") or self.finish
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                if self.open is None or self.items[self.open]["type"] != "message":
+                    events += self.close(None)
+                    events += self._add(message_item("", "in_progress"))
+                    events.append(self._at("response.content_part.added", part=text_part("")))
+                item = self.items[self.open]
+                item["content"][0]["text"] += delta["content"]
+                events.append(self._at("response.output_text.delta", delta=delta["content"], logprobs=[]))
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                if call["index"] not in self.calls:
+                    events += self.close(None)
+                    events += self._add(call_item(call.get("id") or _id("call_"), function.get("name", ""),
+                                                  "", "in_progress"))
+                    self.calls[call["index"]] = self.open
+                index = self.calls[call["index"]]
+                if function.get("arguments"):
+                    self.items[index]["arguments"] += function["arguments"]
+                    events.append(self.event("response.function_call_arguments.delta",
+                                             item_id=self.items[index]["id"], output_index=index,
+                                             delta=function["arguments"]))
+        return events
+
+    def _add(self, item: dict) -> list[dict]:
+        self.items.append(item)
+        self.open = len(self.items) - 1
+        return [self.event("response.output_item.added", output_index=self.open,
+                           item={**item, "content": []} if item["type"] == "message" else dict(item))]
+
+    def _at(self, kind: str, **fields) -> dict:
+        """An event of the open message's text part."""
+        return self.event(kind, item_id=self.items[self.open]["id"], output_index=self.open,
+                          content_index=0, **fields)
+
+    def close(self, finish: str | None, last: bool = False) -> list[dict]:
+        """Ends the open item (finish "length" or "error" marks it incomplete); at the end (last) of a
+        stream without any item, an empty message is its output."""
+        events: list[dict] = []
+        if last and not self.items:
+            events += self._add(message_item("", "in_progress"))
+            events.append(self._at("response.content_part.added", part=text_part("")))
+        if self.open is None:
+            return events
+        item = self.items[self.open]
+        item["status"] = "incomplete" if finish in ("length", "error") else "completed"
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events.append(self._at("response.output_text.done", text=text, logprobs=[]))
+            events.append(self._at("response.content_part.done", part=text_part(text)))
+        else:
+            events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                     output_index=self.open, arguments=item["arguments"]))
+        events.append(self.event("response.output_item.done", output_index=self.open, item=item))
+        self.open = None
+        return events

@@ -1,0 +1,239 @@
+"""A Responses request -> the OpenAI chat body that serves it, and its input items -> chat
+messages (for the prompt, and for the store that later turns build on).
+
+    input (a string, or items)      messages: a string is one user message; message items
+                                    keep their role (developer is the chat path's system),
+                                    input_text / output_text parts joined with newlines;
+                                    function_call items -> an assistant turn's tool_calls
+                                    (consecutive calls, and a text turn just before them, are
+                                    one assistant message); function_call_output -> a tool
+                                    message
+    instructions                    a system message first (not kept for later turns)
+    previous_response_id            that response's conversation (its input, and its output
+                                    as the assistant's turn) before this input
+    max_output_tokens               max_tokens
+    temperature, top_p              the same
+    tools (function tools)          chat tools {"type": "function", "function": {...}}
+    tool_choice                     "auto" | "none" | "required" the same; {"type":
+                                    "function", "name"} -> {"type": "function", "function":
+                                    {"name"}}
+    text.format                     response_format: json_schema {name, schema, strict},
+                                    json_object, or nothing for text
+    parallel_tool_calls             the same
+    stream                          stream, with stream_options.include_usage
+
+vLLM's Responses extras (top_k, repetition_penalty, seed, stop, ignore_eos,
+structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias, priority,
+request_id) pass through to the chat path, which reads them as it does on chat. Everything
+else is a 400 naming the field: unknown fields (the Responses API has no vLLM log-and-ignore
+tradition to follow, and a silently dropped field changes what the client gets), hosted tools,
+reasoning, truncation "auto", background, and the rest of OpenAI's stateful features."""
+
+from __future__ import annotations
+
+import json
+
+from pyserve.server.errors import APIError
+from pyserve.server.openai.params import field
+
+# read here (and echoed in the response)
+IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+               "tool_choice", "text", "stream", "store", "previous_response_id",
+               "parallel_tool_calls", "include"}
+# vLLM's extra ResponsesRequest fields, handed to the chat path as they are
+PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
+                  "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
+                  "request_id"}
+# accepted; they change nothing in the output (metadata and user are echoed)
+NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
+# field -> the value that asks for nothing pyserve lacks; anything else is a 400
+REFUSED_UNLESS_DEFAULT = {"reasoning": None, "truncation": "disabled", "background": False,
+                          "top_logprobs": 0, "max_tool_calls": None, "prompt": None,
+                          "conversation": None, "stream_options": None,
+                          "prompt_cache_retention": None, "context_management": None}
+# include values that would add output pyserve does not produce
+REFUSED_INCLUDES = {"message.output_text.logprobs"}
+TEXT_PARTS = ("input_text", "output_text")
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+# a chat-path error's param -> the Responses field it came from
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+
+
+def check_fields(body: dict) -> None:
+    known = IMPLEMENTED | PASSED_THROUGH | NO_EFFECT | set(REFUSED_UNLESS_DEFAULT)
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise APIError(400, f"unknown field{'s' if len(unknown) > 1 else ''} for /v1/responses: "
+                       f"{', '.join(unknown)}", unknown[0])
+    for name, default in REFUSED_UNLESS_DEFAULT.items():
+        if body.get(name) not in (None, default):
+            raise APIError(400, f"{name} is not supported by this server"
+                           + (f" (only {json.dumps(default)})" if default is not None else ""), name)
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+            raise APIError(400, "include must be a list of strings", "include")
+        refused = sorted(set(include) & REFUSED_INCLUDES)
+        if refused:
+            raise APIError(400, f"include {', '.join(refused)} is not supported by this server",
+                           "include")
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}: content must be a string or a list of text parts", "input")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise APIError(400, f"{where}: content part type {kind!r} is not supported; only "
+                           "input_text and output_text parts are", "input")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _string(item: dict, key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise APIError(400, f"{where}: {key} must be a string", "input")
+    return value
+
+
+def input_messages(items, where: str = "input") -> list[dict]:
+    """A request's input (or a response's output, which has the same item shapes) as chat
+    messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise APIError(400, f"{where} must be a string or a non-empty list of items", "input")
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise APIError(400, f"{at} must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in INPUT_ROLES:
+                raise APIError(400, f"{at}: role must be one of {', '.join(INPUT_ROLES)}", "input")
+            messages.append({"role": role, "content": _text(item.get("content"), at)})
+        elif kind == "function_call":
+            call = {"id": _string(item, "call_id", at), "type": "function",
+                    "function": {"name": _string(item, "name", at),
+                                 "arguments": _string(item, "arguments", at)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # one assistant turn
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
+                             "content": _text(item.get("output"), at)})
+        else:
+            raise APIError(400, f"{at}: input item type {kind!r} is not supported; only message, "
+                           "function_call and function_call_output items are", "input")
+    return messages
+
+
+def chat_tools(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise APIError(400, "tools must be a list", "tools")
+    out, hosted = [], []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(kind, str):
+            raise APIError(400, f"tools[{i}] must be an object with a type", "tools")
+        if kind != "function":
+            hosted.append(kind)
+            continue
+        if not isinstance(tool.get("name"), str):
+            raise APIError(400, f"tools[{i}]: a function tool needs a name", "tools")
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
+                    if tool.get(key) is not None}
+        out.append({"type": "function", "function": function})
+    if hosted:
+        raise APIError(400, "tool types not supported by this server: "
+                       f"{', '.join(dict.fromkeys(hosted))}; only function tools are", "tools")
+    return out
+
+
+def chat_tool_choice(choice, has_tools: bool):
+    if choice is None or (choice == "auto" and not has_tools):
+        return None  # "auto" without tools asks for nothing
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise APIError(400, f"tool_choice type {kind!r} is not supported by this server; only "
+                       "function tools are", "tool_choice")
+    raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
+                   '{"type": "function", "name": ...}', "tool_choice")
+
+
+def response_format(text) -> dict | None:
+    """text.format -> the chat path's response_format (None for plain text)."""
+    if text is None:
+        return None
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
+        raise APIError(400, "text must be an object with format (and verbosity)", "text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise APIError(400, "text.format json_schema needs a schema (an object)", "text")
+        spec = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
+        if fmt.get("strict") is not None:
+            spec["strict"] = fmt["strict"]
+        return {"type": "json_schema", "json_schema": spec}
+    raise APIError(400, f"text.format type {kind!r} is not one of text, json_object, json_schema",
+                   "text")
+
+
+def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
+    """(the chat body, the conversation so far as chat messages: history plus this input,
+    without the instructions)."""
+    check_fields(body)
+    if "input" not in body:
+        raise APIError(400, "input is required", "input")
+    conversation = history + input_messages(body["input"])
+    instructions = field(body, "instructions", str)
+    chat: dict = {"messages": ([{"role": "system", "content": instructions}] if instructions else [])
+                  + conversation}
+    if body.get("model") is not None:
+        chat["model"] = body["model"]
+    max_output = field(body, "max_output_tokens", int)
+    if max_output is not None:
+        if max_output < 1:
+            raise APIError(400, f"max_output_tokens must be at least 1, got {max_output}",
+                           "max_output_tokens")
+        chat["max_tokens"] = max_output
+    for name in ("temperature", "top_p", "parallel_tool_calls", *sorted(PASSED_THROUGH)):
+        if body.get(name) is not None:
+            chat[name] = body[name]
+    tools = chat_tools(body.get("tools"))
+    if tools:
+        chat["tools"] = tools
+    choice = chat_tool_choice(body.get("tool_choice"), bool(tools))
+    if choice is not None:
+        chat["tool_choice"] = choice
+    fmt = response_format(body.get("text"))
+    if fmt is not None:
+        chat["response_format"] = fmt
+    if field(body, "stream", bool, False):
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    # a --reasoning-parser's thinking stays out of the answer, as OpenAI returns no raw reasoning
+    chat["include_reasoning"] = False
+    return chat, conversation

@@ -1,0 +1,260 @@
+"""The Responses API end to end: the real server on the default model, spoken to through the
+openai SDK's client.responses over a real socket. A regex grammar (vLLM's structured_outputs
+extra) scripts exact text where a test needs to know it; JSON schemas and forced tool calls
+are enforced by their own grammars, so every output is checked against its schema."""
+
+import json
+import time
+import urllib.request
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from .server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+PARIS = "The capital of France is Paris."
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {
+               "city": {"type": "string", "maxLength": 20},
+               "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}
+ADD = {"type": "function", "name": "add", "description": "Add two integers",
+       "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "required": ["a", "b"]}}
+
+
+def regex_for(text: str) -> str:
+    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
+
+
+def scripted(text: str) -> dict:
+    return {"structured_outputs": {"regex": regex_for(text)}}
+
+
+@pytest.fixture(scope="module")
+def client(default_model_dir):
+    srv = ServerProcess("--served-model-name", MODEL)
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    assert srv.stop() == 0
+
+
+def ask(client, **kw):
+    return client.responses.create(**{"model": MODEL, "input": "What is the capital of France?",
+                                      "temperature": 0, "max_output_tokens": 40, **kw})
+
+
+def test_plain(client):
+    r = ask(client, instructions="Answer in one sentence.", extra_body=scripted(PARIS),
+            metadata={"run": "1"})
+    assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
+    assert r.output_text == PARIS and r.model == MODEL
+    message = r.output[0]
+    assert (message.type, message.role, message.status) == ("message", "assistant", "completed")
+    assert message.id.startswith("msg_") and message.content[0].type == "output_text"
+    assert r.usage.output_tokens > 0 and r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.instructions == "Answer in one sentence." and r.metadata == {"run": "1"}
+    assert r.error is None and r.incomplete_details is None and r.max_output_tokens == 40
+    free = ask(client, max_output_tokens=12)  # the model's own text, greedy
+    assert free.output_text and free.status in ("completed", "incomplete")
+
+
+def test_streamed(client):
+    whole = ask(client, extra_body=scripted(PARIS))
+    events = list(ask(client, extra_body=scripted(PARIS), stream=True))
+    assert all(isinstance(e, pydantic.BaseModel) and not isinstance(e, dict) for e in events)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1
+    final = events[-1].response
+    assert "".join(deltas) == final.output_text == events[-4].text == whole.output_text == PARIS
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert type(events[4]).__name__ == "ResponseTextDeltaEvent"
+    # the SDK's stream helper accumulates the same events into its final response
+    with client.responses.stream(model=MODEL, input="What is the capital of France?", temperature=0,
+                                 max_output_tokens=40, extra_body=scripted(PARIS)) as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        helper = stream.get_final_response()
+    assert "".join(texts) == helper.output_text == PARIS and helper.status == "completed"
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = ask(client, extra_body=scripted(PARIS))
+    second = ask(client, input="And of Italy?", previous_response_id=first.id,
+                 extra_body=scripted("Rome."))
+    assert second.output_text == "Rome." and second.previous_response_id == first.id
+    # the second prompt holds the first prompt and its answer
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    alone = ask(client, input="And of Italy?", extra_body=scripted("Rome."))
+    assert second.usage.input_tokens > alone.usage.input_tokens
+    fetched = client.responses.retrieve(first.id)
+    assert fetched.id == first.id and fetched.output_text == PARIS and fetched.status == "completed"
+    third = ask(client, input="And of Spain?", previous_response_id=second.id,
+                extra_body=scripted("Madrid."), store=False)
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(third.id)  # store: false keeps nothing
+
+
+def test_a_required_function_call_and_its_output(client):
+    r = ask(client, input="What is the weather in Paris?", tools=[WEATHER, ADD], tool_choice="required",
+            max_output_tokens=120)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and r.status == "completed"
+    schemas = {t["name"]: t["parameters"] for t in (WEATHER, ADD)}
+    for call in calls:
+        assert call.id.startswith("fc_") and call.call_id.startswith("call_") and call.status == "completed"
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    # the tool's result goes back as a function_call_output item on the stored conversation
+    follow = ask(client, previous_response_id=r.id, extra_body=scripted("It is sunny."),
+                 input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+    assert follow.output_text == "It is sunny." and follow.usage.input_tokens > r.usage.input_tokens
+    # the same turn as input items without the store: the SDK sends the output items back
+    replay = ask(client, extra_body=scripted("It is sunny."), input=[
+        {"role": "user", "content": "What is the weather in Paris?"}, *r.output,
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+    assert replay.output_text == "It is sunny."
+    assert replay.usage.input_tokens == follow.usage.input_tokens  # the same prompt
+
+
+def test_a_named_function_streams_its_arguments(client):
+    kw = dict(input="Add 12 and 30.", tools=[ADD], tool_choice={"type": "function", "name": "add"},
+              max_output_tokens=60)
+    whole = ask(client, **kw)
+    (call,) = whole.output
+    assert call.type == "function_call" and call.name == "add"
+    jsonschema.validate(json.loads(call.arguments), ADD["parameters"])
+    events = list(ask(client, stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done",
+                          "response.completed"]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    final = events[-1].response.output[0]
+    assert len(deltas) > 1 and "".join(deltas) == events[-3].arguments == final.arguments == call.arguments
+    assert final.call_id == events[2].item.call_id
+
+
+def test_text_format_json_schema(client):
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
+        "required": ["city", "population"], "additionalProperties": False}
+    r = ask(client, input="Describe Paris as JSON.", max_output_tokens=80,
+            text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"
+
+    class City(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+        population: int = pydantic.Field(ge=0, le=99999999)
+
+    parsed = client.responses.parse(model=MODEL, input="Describe Paris as JSON.", temperature=0,
+                                    max_output_tokens=80, text_format=City)
+    assert isinstance(parsed.output_parsed, City)
+    obj = ask(client, input="Describe Paris as JSON.", max_output_tokens=80, text={"format": {"type": "json_object"}})
+    assert isinstance(json.loads(obj.output_text), dict)
+
+
+def test_max_output_tokens_is_incomplete(client):
+    r = ask(client, input="Count from one to one hundred in words.", max_output_tokens=5)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5 and r.output_text
+    events = list(ask(client, input="Count from one to one hundred in words.", max_output_tokens=5, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].response.output_text == r.output_text
+
+
+def test_delete_then_get_is_404(client):
+    r = ask(client, max_output_tokens=4)
+    assert client.responses.delete(r.id) is None
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.retrieve(r.id)
+    assert set(info.value.body) == {"message", "type", "param", "code"} and r.id in info.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(r.id)
+
+
+@pytest.mark.parametrize("kw,status,param", [
+    (dict(tools=[{"type": "web_search"}]), 400, "tools"),
+    (dict(extra_body={"frobnicate": True}), 400, "frobnicate"),
+    (dict(previous_response_id="resp_does_not_exist"), 404, "previous_response_id"),
+    (dict(reasoning={"effort": "high"}), 400, "reasoning"),
+    (dict(truncation="auto"), 400, "truncation"),
+    (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]),
+     400, "input"),
+    (dict(model="no-such-model"), 404, "model"),
+    # tools without tool_choice mean "auto", which needs --enable-auto-tool-choice (as on chat)
+    (dict(tools=[ADD]), 400, "tool_choice"),
+])
+def test_bad_inputs_get_openais_error_shape(client, kw, status, param):
+    with pytest.raises(openai.APIStatusError) as info:
+        ask(client, **kw)
+    assert info.value.status_code == status
+    body = info.value.body
+    assert set(body) == {"message", "type", "param", "code"} and body["param"] == param
+    assert body["code"] == status and body["message"]
+
+
+def test_a_client_leaving_a_stream_ends_its_request(client):
+    def running() -> float:
+        url = str(client.base_url).rstrip("/").removesuffix("/v1") + "/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("vllm:num_requests_running"):
+                    return float(line.rsplit(" ", 1)[1])
+        raise KeyError("vllm:num_requests_running")
+
+    stream = ask(client, input="Count to a thousand.", max_output_tokens=2000, stream=True,
+                 extra_body={"ignore_eos": True})
+    for _, event in zip(range(6), stream):
+        pass
+    assert event.type == "response.output_text.delta" and running() == 1
+    stream.close()
+    deadline = time.monotonic() + 10
+    while running() != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == 0
+
+
+CALLS = ('Let me add. <tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}}</tool_call>'
+         '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def hermes(default_model_dir):
+    srv = ServerProcess("--served-model-name", MODEL, "--enable-auto-tool-choice",
+                        "--tool-call-parser", "hermes")
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    assert srv.stop() == 0
+
+
+def test_auto_tool_choice_gives_text_and_calls_whole_and_streamed(hermes):
+    kw = dict(input="Add 12 and 30, then the weather in Paris.", tools=[ADD, WEATHER],
+              max_output_tokens=200, extra_body=scripted(CALLS))
+    whole = ask(hermes, **kw)
+    assert [o.type for o in whole.output] == ["message", "function_call", "function_call"]
+    assert whole.output_text == "Let me add."
+    assert [(o.name, json.loads(o.arguments)) for o in whole.output[1:]] == [
+        ("add", {"a": 12, "b": 30}), ("get_weather", {"city": "Paris", "unit": "celsius"})]
+    events = list(ask(hermes, stream=True, **kw))
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    assert [o.type for o in final.output] == ["message", "function_call", "function_call"]
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta").strip() == "Let me add."
+    for index, item in enumerate(final.output[1:], start=1):
+        args = "".join(e.delta for e in events
+                       if e.type == "response.function_call_arguments.delta" and e.output_index == index)
+        assert args == item.arguments == whole.output[index].arguments
+    assert len({o.call_id for o in final.output[1:]}) == 2

@@ -1,0 +1,366 @@
+"""The Responses API's translation onto the chat path, without a model: request fields -> a
+chat body, input items -> chat messages, chat answers (whole, and as chunks) -> response
+objects and events that the openai SDK's own pydantic models validate strictly, the store's
+bound, and the routes' handling of previous_response_id, store and streams over a fake
+chat path."""
+
+import asyncio
+
+import openai.types.responses as sdk
+import orjson
+import pydantic
+import pytest
+import uvloop
+
+from pyserve.server.errors import APIError
+from pyserve.server.http import Request
+from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
+from pyserve.server.openai.responses.output import Turn
+from pyserve.server.openai.responses.translate import chat_body, input_messages
+
+EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
+ADD = {"type": "function", "name": "add", "description": "Add", "strict": True,
+       "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+
+
+def refused(body, status=400):
+    with pytest.raises(APIError) as info:
+        chat_body(body, [])
+    assert info.value.status == status
+    return info.value
+
+
+# -- requests -> chat bodies ------------------------------------------------------------------
+def test_a_string_input_with_instructions_and_sampling_fields():
+    chat, conversation = chat_body({"model": "m", "input": "Hi", "instructions": "Be brief.",
+                                    "max_output_tokens": 12, "temperature": 0.5, "top_p": 0.9,
+                                    "metadata": {"k": "v"}, "user": "u", "store": False,
+                                    "truncation": "disabled", "reasoning": None, "include": []}, [])
+    assert chat["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert conversation == [{"role": "user", "content": "Hi"}]  # instructions are not carried over
+    assert (chat["model"], chat["max_tokens"], chat["temperature"], chat["top_p"]) == ("m", 12, 0.5, 0.9)
+    assert "stream" not in chat and "max_output_tokens" not in chat and "metadata" not in chat
+
+
+def test_items_become_messages():
+    items = [{"role": "developer", "content": "Rules."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                            {"type": "input_text", "text": "b"}]},
+             {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+              "content": [{"type": "output_text", "text": "Let me add.", "annotations": []}]},
+             {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "add", "arguments": '{"a": 1}'},
+             {"type": "function_call", "call_id": "call_2", "name": "add", "arguments": '{"a": 2}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "1"},
+             {"type": "function_call_output", "call_id": "call_2",
+              "output": [{"type": "input_text", "text": "2"}]}]
+    assert input_messages(items) == [
+        {"role": "developer", "content": "Rules."},
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "Let me add.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "2"}]
+    only_call = input_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
+    assert only_call == [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+
+
+def test_history_comes_first():
+    history = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
+    chat, conversation = chat_body({"input": "3", "instructions": "I"}, history)
+    assert [m["content"] for m in chat["messages"]] == ["I", "1", "2", "3"]
+    assert [m["content"] for m in conversation] == ["1", "2", "3"]
+    assert len(history) == 2
+
+
+def test_tools_tool_choice_and_text_format():
+    chat, _ = chat_body({"input": "x", "tools": [ADD], "tool_choice": {"type": "function", "name": "add"},
+                         "parallel_tool_calls": False}, [])
+    assert chat["tools"] == [{"type": "function", "function": {
+        "name": "add", "description": "Add", "parameters": ADD["parameters"], "strict": True}}]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert chat["parallel_tool_calls"] is False
+    for choice in ("auto", "none", "required"):
+        assert chat_body({"input": "x", "tools": [ADD], "tool_choice": choice}, [])[0]["tool_choice"] == choice
+    assert "tool_choice" not in chat_body({"input": "x", "tool_choice": "auto"}, [])[0]  # no tools
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    chat, _ = chat_body({"input": "x", "text": {"format": {"type": "json_schema", "name": "N",
+                                                           "schema": schema, "strict": True}}}, [])
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "N", "schema": schema, "strict": True}}
+    assert chat_body({"input": "x", "text": {"format": {"type": "json_object"}}}, [])[0][
+        "response_format"] == {"type": "json_object"}
+    assert "response_format" not in chat_body({"input": "x", "text": {"format": {"type": "text"},
+                                                                      "verbosity": "low"}}, [])[0]
+
+
+def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
+    chat, _ = chat_body({"input": "x", "stream": True, "seed": 3, "top_k": 5,
+                         "structured_outputs": {"regex": "a+"}}, [])
+    assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
+    assert (chat["seed"], chat["top_k"], chat["structured_outputs"]) == (3, 5, {"regex": "a+"})
+    assert chat["include_reasoning"] is False
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"input": "x", "tools": [{"type": "web_search"}, ADD, {"type": "file_search"}]}, "tools",
+     "web_search, file_search"),
+    ({"input": "x", "frobnicate": 1, "zeta": 2}, "frobnicate", "frobnicate, zeta"),
+    ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning", "reasoning"),
+    ({"input": "x", "truncation": "auto"}, "truncation", "truncation"),
+    ({"input": "x", "background": True}, "background", "background"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "logprobs"),
+    ({"input": "x", "tool_choice": {"type": "web_search_preview"}, "tools": [ADD]}, "tool_choice",
+     "web_search_preview"),
+    ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text", "grammar"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text", "schema"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "at least 1"),
+    ({"input": "x", "instructions": ["no"]}, "instructions", "instructions"),
+    ({}, "input", "input"),
+    ({"input": []}, "input", "non-empty"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input",
+     "input_image"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input", "role"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input", "call_id"),
+])
+def test_refusals_name_the_field(body, param, words):
+    error = refused(body)
+    assert error.param == param and words in error.message, error.message
+
+
+# -- chat answers -> response objects ---------------------------------------------------------
+def completion(message, finish="stop", usage=(7, 3)):
+    return {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
+
+
+def turn(**body):
+    return Turn({"input": "x", **body}, {"temperature": 0.7}, "m")
+
+
+def test_a_completion_becomes_a_response_the_sdk_validates():
+    out = turn(tools=[ADD], metadata={"k": "v"}).from_completion(completion(
+        {"content": "Adding.", "tool_calls": [{"id": "call_9", "type": "function",
+                                                "function": {"name": "add", "arguments": '{"a": 1}'}}]}))
+    response = sdk.Response.model_validate(out)  # strict: every required field is there
+    assert "output_text" not in out
+    assert response.output_text == "Adding." and response.status == "completed"
+    assert response.id.startswith("resp_") and response.output[0].id.startswith("msg_")
+    call = response.output[1]
+    assert (call.type, call.call_id, call.name, call.arguments) == ("function_call", "call_9", "add", '{"a": 1}')
+    assert call.id.startswith("fc_")
+    assert response.usage.input_tokens == 7 and response.usage.output_tokens == 3
+    assert response.usage.total_tokens == 10 and response.usage.input_tokens_details.cached_tokens == 0
+    assert response.temperature == 0.7 and response.tool_choice == "auto" and response.tools[0].name == "add"
+    assert response.metadata == {"k": "v"} and response.error is None
+    assert response.incomplete_details is None and response.parallel_tool_calls is True
+
+
+def test_length_is_incomplete_and_an_empty_answer_is_an_empty_message():
+    response = sdk.Response.model_validate(turn(max_output_tokens=3).from_completion(
+        completion({"content": "abc"}, "length")))
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].status == "incomplete" and response.max_output_tokens == 3
+    empty = sdk.Response.model_validate(turn().from_completion(completion({"content": "", "tool_calls": []})))
+    assert empty.output_text == "" and len(empty.output) == 1 and empty.output[0].type == "message"
+
+
+# -- chat chunks -> events -----------------------------------------------------------------------
+def chunk(delta=None, finish=None, usage=None):
+    return {"id": "c", "object": "chat.completion.chunk",
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **({"usage": usage} if usage else {})}
+
+
+async def aiter(items):
+    for item in items:
+        yield item
+
+
+def run_events(t, chunks):
+    async def main():
+        it = aiter(chunks)
+        first = await anext(it, None)
+        done = []
+        events = [e async for e in t.events(it, first, done)]
+        return events, done
+    return uvloop.run(main())
+
+
+CHUNKS = [chunk({"role": "assistant", "content": ""}), chunk({"content": "Let "}), chunk({"content": "me."}),
+          chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                 "function": {"name": "add", "arguments": '{"a"'}}]}),
+          chunk({"tool_calls": [{"index": 0, "function": {"arguments": ': 1}'}}]}),
+          chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                 "function": {"name": "add", "arguments": '{}'}}]}, "tool_calls"),
+          chunk(usage={"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14})]
+
+
+def test_events_follow_openais_order_and_validate():
+    events, done = run_events(turn(), CHUNKS)
+    parsed = [EVENT.validate_python(e) for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e.type for e in parsed] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    final = parsed[-1].response
+    assert final.output_text == "Let me." == parsed[6].text
+    assert "".join(e.delta for e in parsed if e.type == "response.output_text.delta") == "Let me."
+    args = "".join(e.delta for e in parsed if e.type == "response.function_call_arguments.delta"
+                   and e.output_index == 1)
+    assert args == '{"a": 1}' == final.output[1].arguments and final.output[1].call_id == "call_a"
+    assert [o.type for o in final.output] == ["message", "function_call", "function_call"]
+    assert final.usage.output_tokens == 9 and done[0]["id"] == final.id
+    assert parsed[0].response.status == "in_progress" and parsed[0].response.output == []
+    assert parsed[2].item.content == [] and parsed[2].item.status == "in_progress"
+
+
+def test_streamed_length_and_empty_and_failure():
+    events, done = run_events(turn(), [chunk({"role": "assistant", "content": ""}),
+                                       chunk({"content": "ab"}, "length")])
+    assert events[-1]["type"] == "response.incomplete" and done[0]["status"] == "incomplete"
+    assert EVENT.validate_python(events[-1]).response.output[0].status == "incomplete"
+    events, _ = run_events(turn(), [chunk({"role": "assistant", "content": ""}), chunk({"content": ""}, "stop")])
+    assert [e["type"] for e in events][2:] == [
+        "response.output_item.added", "response.content_part.added", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    events, done = run_events(turn(), [chunk({"content": "a"}), {"error": {"message": "boom", "code": 500}}])
+    failed = EVENT.validate_python(events[-1])
+    assert failed.type == "response.failed" and failed.response.error.message == "boom" and done == []
+    assert failed.response.output[0].status == "incomplete"
+
+
+# -- the store --------------------------------------------------------------------------------
+def test_the_store_is_bounded_and_least_recently_used_goes():
+    store = ResponseStore(max_entries=3)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [])
+    assert store.get("r0") is not None  # r0 is now the most recently used
+    store.put({"id": "r3"}, [])
+    assert len(store) == 3 and store.get("r1") is None and store.get("r0") is not None
+    assert store.delete("r0") and not store.delete("r0") and store.get("r0") is None
+
+
+# -- the routes over a fake chat path ---------------------------------------------------------
+class FakeServing:
+    model_name = "m"
+    defaults: dict = {}
+
+    def __init__(self):
+        self.bodies = []
+        self.closed = 0
+
+    def check_model(self, model):
+        if model not in (None, "", "m"):
+            raise APIError(404, f"the model '{model}' does not exist", "model")
+
+    def parse_body(self, request):
+        import orjson
+
+        try:
+            body = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            raise APIError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "request body must be a JSON object")
+        self.check_model(body.get("model"))
+        return body
+
+    async def chat_result(self, request, body):
+        self.bodies.append(body)
+        if body.get("max_tokens") == 99:
+            raise APIError(400, "too long", "max_tokens")
+        if not body.get("stream"):
+            return completion({"content": f"answer {len(self.bodies)}"})
+        serving = self
+
+        async def chunks():
+            try:
+                for c in [chunk({"role": "assistant", "content": ""}), chunk({"content": "streamed"}, "stop"),
+                          chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})]:
+                    yield c
+            finally:
+                serving.closed += 1
+        return chunks()
+
+
+def call(api, method, target, body=None, params=None):
+    request = Request(method, target, {}, orjson.dumps(body) if body is not None else b"")
+    request.path_params = params or {}
+    handler = {"POST": api.create, "GET": api.retrieve, "DELETE": api.delete}[method]
+
+    async def main():
+        try:
+            response = await handler(request)
+        except APIError as exc:
+            return exc.status, {"param": exc.param, "message": exc.message}
+        if hasattr(response, "chunks"):
+            return response.status, b"".join([c async for c in response.chunks])
+        return response.status, orjson.loads(response.body)
+    return asyncio.run(main())
+
+
+def test_previous_response_id_store_false_get_and_delete():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+    status, first = call(api, "POST", "/v1/responses", {"input": "one", "instructions": "sys"})
+    assert status == 200 and first["output"][0]["content"][0]["text"] == "answer 1"
+    status, second = call(api, "POST", "/v1/responses", {"input": "two", "previous_response_id": first["id"],
+                                                         "store": False})
+    assert [(m["role"], m["content"]) for m in serving.bodies[-1]["messages"]] == [
+        ("user", "one"), ("assistant", "answer 1"), ("user", "two")]
+    assert second["previous_response_id"] == first["id"] and second["store"] is False
+    assert call(api, "GET", "/x", params={"response_id": second["id"]})[0] == 404  # store: false
+    assert call(api, "GET", "/x", params={"response_id": first["id"]}) == (200, first)
+    assert call(api, "GET", "/x?stream=true", params={"response_id": first["id"]})[0] == 400
+    assert call(api, "DELETE", "/x", params={"response_id": first["id"]}) == (
+        200, {"id": first["id"], "object": "response", "deleted": True})
+    status, error = call(api, "GET", "/x", params={"response_id": first["id"]})
+    assert status == 404 and first["id"] in error["message"]
+    status, error = call(api, "POST", "/v1/responses", {"input": "x", "previous_response_id": first["id"]})
+    assert status == 404 and error["param"] == "previous_response_id"
+    assert call(api, "POST", "/v1/responses", {"input": "x", "model": "other"})[0] == 404
+    # a chat-path error names the Responses field
+    assert call(api, "POST", "/v1/responses", {"input": "x", "max_output_tokens": 99})[1]["param"] == \
+        "max_output_tokens"
+
+
+def test_a_stream_is_sse_with_event_names_stored_at_the_end_and_closes_the_chat_stream():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+    status, raw = call(api, "POST", "/v1/responses", {"input": "x", "stream": True})
+    assert status == 200 and serving.closed == 1
+    blocks = [b for b in raw.decode().split("\n\n") if b]
+    events = []
+    for block in blocks:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        events.append(orjson.loads(data[len("data: "):]))
+        assert events[-1]["type"] == name[len("event: "):]
+    assert events[-1]["type"] == "response.completed"
+    final = events[-1]["response"]
+    assert call(api, "GET", "/x", params={"response_id": final["id"]}) == (200, final)
+
+
+def test_a_stream_closed_at_once_still_ends_the_chat_stream():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+
+    async def main():
+        response = await api.create(Request("POST", "/v1/responses", {},
+                                            orjson.dumps({"input": "x", "stream": True})))
+        await anext(response.chunks)  # response.created
+        await response.chunks.aclose()
+    asyncio.run(main())
+    assert serving.closed == 1
