@@ -9,6 +9,12 @@ import time
 import urllib.request
 
 
+def regex_for(text: str) -> str:
+    """A regex matching exactly text: a grammar that makes the model write it (a 135M model
+    writes no tool calls or think tags of its own)."""
+    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

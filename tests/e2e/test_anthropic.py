@@ -10,7 +10,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from .server import ServerProcess
+from .server import ServerProcess, regex_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,10 +23,6 @@ GREEDY = {"temperature": 0}
 ADD = {"name": "add", "description": "Add two integers.", "input_schema": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "required": ["a", "b"], "additionalProperties": False}}
-
-
-def regex_for(text: str) -> str:
-    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from .server import ServerProcess
+from .server import ServerProcess, regex_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
 ADD = {"type": "function", "name": "add", "description": "Add two integers",
        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                       "required": ["a", "b"]}}
-
-
-def regex_for(text: str) -> str:
-    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
 
 
 def scripted(text: str) -> dict:

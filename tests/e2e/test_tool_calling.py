@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from .server import ServerProcess
+from .server import ServerProcess, regex_for
 
 pytestmark = pytest.mark.slow
 
@@ -18,10 +18,6 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"text": {"type": "string"}}}}}]
 CALLS = ('Let me add. <tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}}</tool_call>'
          '<tool_call>{"name": "echo", "arguments": {"text": "héllo, \\"world\\""}}</tool_call>')
-
-
-def regex_for(text: str) -> str:
-    return "".join("\\" + c if c in r".^$*+?()[]{}|\/" else c for c in text)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,9 @@ fill the last word."""
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from pyserve import _native
-
-xgr = pytest.importorskip("xgrammar")
 
 
 @pytest.mark.parametrize("rows_, vocab, which", [(1, 64, [0]), (5, 1000, [0, 2, 4]), (16, 49152, list(range(16))),

@@ -265,15 +265,10 @@ class FakeServing:
         if model not in (None, "", "m"):
             raise APIError(404, f"the model '{model}' does not exist", "model")
 
-    def parse_body(self, request):
-        import orjson
+    def parse_body(self, request):  # OpenAIServing's: the real JSON reading, this model check
+        from pyserve.server.openai.serving import json_object
 
-        try:
-            body = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            raise APIError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object")
+        body = json_object(request)
         self.check_model(body.get("model"))
         return body
 

@@ -12,6 +12,7 @@ from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_response
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.messages import tool_mode
+from pyserve.server.openai.serving import json_object
 
 logger = logging.getLogger("pyserve")
 
@@ -32,11 +33,7 @@ class AnthropicServing:
         self.serving = serving
 
     def _request(self, request: Request, route: str) -> tuple[dict, list[str]]:
-        try:
-            parsed = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-        body, stops = chat_body(parsed, route)
+        body, stops = chat_body(json_object(request), route)
         self.serving.check_model(body["model"])
         return body, stops
 

@@ -31,6 +31,17 @@ from pyserve.tokenizer.tokenizer import apply_chat_template
 logger = logging.getLogger("pyserve.requests")
 
 
+def json_object(request: Request) -> dict:
+    """A request body that must be one JSON object; else a 400."""
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return body
+
+
 def _json(obj) -> Response:
     return Response(200, orjson.dumps(obj))
 
@@ -64,12 +75,7 @@ class OpenAIServing:
     # -- request parsing -----------------------------------------------------------------------
     def parse_body(self, request: Request) -> dict:
         """The JSON object of a request (400 if it is not one), its model checked (404)."""
-        try:
-            body = orjson.loads(request.body)
-        except orjson.JSONDecodeError as exc:
-            raise APIError(400, f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object")
+        body = json_object(request)
         self.check_model(body.get("model"))
         return body
 

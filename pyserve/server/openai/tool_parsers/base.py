@@ -24,7 +24,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from .json_stream import Malformed
+from .json_stream import CallObject, Malformed
 
 __all__ = ["ToolCall", "ExtractedToolCalls", "ToolParser", "make_tool_call_id"]
 
@@ -187,6 +187,21 @@ class ToolParser:
         return len(text)
 
     # -- what handlers call ---------------------------------------------------------------------
+
+    def _call_object(self, then):
+        """A handler reading one `{"name", "arguments"}` call object (json_stream.CallObject),
+        streaming its header and arguments as they come, then handing over to `then`."""
+        obj = CallObject(self._header, self._args)
+
+        def read(text: str, pos: int, final: bool) -> int:
+            pos = obj.feed(text, pos, final)
+            if obj.done:
+                self._mode = then
+            elif final:
+                raise Malformed(pos, "unfinished call")
+            return pos
+
+        return read
 
     def _begin_call(self, i: int):
         """A call starts at text index i (its marker, or its first character)."""

@@ -8,7 +8,7 @@ call, all text outside the calls is content, so extract and streaming agree.
 """
 
 from .base import ToolParser, skip_ws
-from .json_stream import CallObject, Malformed
+from .json_stream import Malformed
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -17,16 +17,7 @@ class HermesToolParser(ToolParser):
     START_MARKERS = (START,)
 
     def _open(self, marker: str):
-        self._obj = CallObject(self._header, self._args)
-        return self._object
-
-    def _object(self, text: str, pos: int, final: bool) -> int:
-        pos = self._obj.feed(text, pos, final)
-        if self._obj.done:
-            self._mode = self._close
-        elif final:
-            raise Malformed(pos, "unfinished call")
-        return pos
+        return self._call_object(self._close)
 
     def _close(self, text: str, pos: int, final: bool) -> int:
         pos = skip_ws(text, pos)

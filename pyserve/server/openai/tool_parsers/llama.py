@@ -8,7 +8,6 @@ answer, not a call.
 """
 
 from .base import ToolParser, skip_ws
-from .json_stream import CallObject, Malformed
 
 TAG = "<|python_tag|>"
 
@@ -29,16 +28,7 @@ class Llama3JsonToolParser(ToolParser):
         return i
 
     def _open(self, marker: str):
-        self._obj = CallObject(self._header, self._args)
-        return self._object
-
-    def _object(self, text: str, pos: int, final: bool) -> int:
-        pos = self._obj.feed(text, pos, final)
-        if self._obj.done:
-            self._mode = self._between
-        elif final:
-            raise Malformed(pos, "unfinished call")
-        return pos
+        return self._call_object(self._between)
 
     def _between(self, text: str, pos: int, final: bool) -> int:
         pos = skip_ws(text, pos)

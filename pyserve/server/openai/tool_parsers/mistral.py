@@ -10,7 +10,7 @@ Text before and after the calls is content. The model's own call id is not used:
 import re
 
 from .base import ToolParser, skip_ws
-from .json_stream import CallObject, JsonStream, Malformed
+from .json_stream import JsonStream, Malformed
 
 BOT, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -34,7 +34,7 @@ class MistralToolParser(ToolParser):
             self._mode = self._list_first
             return pos + 1
         if c == "{":
-            self._new_object(self._last_object)
+            self._mode = self._call_object(self._last_object)
         elif _NAME.match(c):
             self._name = []
             self._mode = self._v11_name
@@ -43,19 +43,6 @@ class MistralToolParser(ToolParser):
         return pos
 
     # -- v0.3: a JSON list of call objects --------------------------------------------------------
-
-    def _new_object(self, then):
-        self._obj = CallObject(self._header, self._args)
-        self._then = then
-        self._mode = self._object
-
-    def _object(self, text: str, pos: int, final: bool) -> int:
-        pos = self._obj.feed(text, pos, final)
-        if self._obj.done:
-            self._mode = self._then
-        elif final:
-            raise Malformed(pos, "unfinished call")
-        return pos
 
     def _last_object(self, text: str, pos: int, final: bool) -> int:
         self._end_call()
@@ -66,7 +53,7 @@ class MistralToolParser(ToolParser):
         if pos < len(text):
             if text[pos] != "{":
                 raise Malformed(pos, "expected a call object")
-            self._new_object(self._list_after)
+            self._mode = self._call_object(self._list_after)
         elif final:
             raise Malformed(pos, "unfinished list")
         return pos
