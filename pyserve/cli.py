@@ -150,6 +150,10 @@ def _model_flags(g) -> None:
                    help="JSON object laid over those defaults, in generation_config.json's "
                    "names, e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 256}' (applies with "
                    "--generation-config vllm too)")
+    g.add_argument("--pooler-config", default=None,
+                   help="how /v1/embeddings pools, as JSON: '{\"pooling_type\": \"LAST\"|\"MEAN\"|"
+                   "\"CLS\", \"normalize\": true}' (default: the model's sentence-transformers "
+                   "pooling, or LAST and normalized for a decoder)")
     g.add_argument("--max-logprobs", type=int, default=20,
                    help="most logprobs / prompt_logprobs a request may ask for (-1: the vocabulary)")
     g.add_argument("--download-dir", default=default_download_dir(),
@@ -228,6 +232,15 @@ def _server_flags(g) -> None:
                    help="answer with an X-Request-Id header (the request's own, or a new id)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="report usage.prompt_tokens_details.cached_tokens")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="name logprob tokens \"token_id:N\" (a request's "
+                   "return_tokens_as_token_ids overrides it)")
+    g.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="GET /load counts the requests in flight on the generation routes "
+                   "(without it, /load answers 0)")
+    g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (the tokenizer's configuration, its chat "
+                   "template included)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="tool_choice \"auto\" (the default with tools): the model decides, and "
                    "--tool-call-parser finds the calls in its output")

@@ -4,9 +4,12 @@ each part takes the piece it needs. Nothing below the CLI reads the environment.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pyserve.pooling_params import PoolerConfig
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -44,6 +47,8 @@ class ModelConfig:
     # vLLM's --override-generation-config: sampling defaults laid over the generation config's
     # (a JSON object of generation_config.json's names, e.g. {"temperature": 0.5})
     override_generation_config: tuple[tuple[str, object], ...] = ()
+    # vLLM's --pooler-config: how /v1/embeddings pools, over the model's own choice
+    pooler_config: PoolerConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,10 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # a request's own chat_template is a 400 otherwise
     response_role: str = "assistant"  # the role of chat responses when add_generation_prompt
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    # logprob tokens named "token_id:N" unless a request's return_tokens_as_token_ids says
+    return_tokens_as_token_ids: bool = False
+    enable_server_load_tracking: bool = False  # GET /load counts requests in flight (else 0)
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info exists (else 404)
     # tool_choice "auto": the model decides, and this parser finds its calls in its text
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
@@ -136,6 +145,13 @@ class Config:
         override = values.get("override_generation_config")
         if isinstance(override, dict):
             values["override_generation_config"] = tuple(sorted(override.items()))
+        pooler = values.get("pooler_config")
+        if isinstance(pooler, (str, dict)):  # JSON from the CLI or PYSERVE_*, a dict from LLM(...)
+            try:
+                values["pooler_config"] = PoolerConfig.from_json(
+                    pooler if isinstance(pooler, str) else json.dumps(pooler))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         names = values.get("served_model_name")
         if names is not None:  # a list from the CLI, one string from PYSERVE_* or LLM(...)
             values["served_model_name"] = (names,) if isinstance(names, str) else tuple(names)

@@ -1,4 +1,5 @@
-"""Offline generation, as vLLM's LLM: every prompt goes through the engine together."""
+"""Offline generation and embeddings, as vLLM's LLM: every prompt goes through the engine
+together."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Sequence
 
 from pyserve.config import Config
 from pyserve.engine.core import EngineCore
-from pyserve.engine.output import RequestOutput
+from pyserve.engine.output import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.executor.multiproc import refuse_in_bootstrapping_child
 from pyserve.tokenizer.tokenizer import apply_chat_template
@@ -60,13 +62,30 @@ class LLM:
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         if len(params) != len(prompts):
             raise ValueError("sampling_params must be one object or one per prompt")
+        return self._run(prompts, lambda i, rid, ids, text: self.engine.add_request(
+            rid, ids, params[i], prompt=text, priority=priority[i] if priority else 0))
+
+    def embed(self, prompts: Prompt | Sequence[Prompt],
+              pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, pooled as the server's /v1/embeddings pools (vLLM's
+        LLM.embed): outputs.embedding is a list of floats."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = pooling_params or PoolingParams()
+        outputs = self._run(prompts, lambda i, rid, ids, text: self.engine.add_pooling_request(
+            rid, ids, params, prompt=text))
+        return [EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled.tolist()),
+                                       o.prompt_token_ids, o.finished) for o in outputs]
+
+    def _run(self, prompts, add) -> list[RequestOutput]:
+        """add(index, request id, token ids, text) admits each prompt; then the engine steps
+        until all are done (all aborted if anything fails)."""
         ids = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, prompt in enumerate(prompts):
                 text, token_ids = self._token_ids(prompt)
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, token_ids, p, prompt=text,
-                                        priority=priority[i] if priority else 0)
+                add(i, request_id, token_ids, text)
                 ids.append(request_id)
             outputs: dict[str, RequestOutput] = {}
             while self.engine.has_unfinished():

@@ -40,6 +40,16 @@ class PromptLogprobsInputs:
 
 
 @dataclass
+class PoolingInputs:
+    """A pooling (embedding) request's share of a step: which of its hidden-state rows the
+    runner reduces, and how (the engine adds the chunks up over a chunked prompt)."""
+
+    pooling_type: str  # "LAST" | "MEAN" | "CLS" | "ALL" (every row: per-token output)
+    first_chunk: bool  # the rows start at the prompt's first token
+    last_chunk: bool  # the rows end at its last
+
+
+@dataclass
 class ScheduledSequence:
     request_id: str
     token_ids: list[int]  # the tokens computed this step, at positions start, start + 1, ...
@@ -47,6 +57,7 @@ class ScheduledSequence:
     block_ids: list[int]  # the request's whole block table
     sampling: SamplingInputs | None = None  # set when the step's last row yields a token
     prompt_logprobs: PromptLogprobsInputs | None = None
+    pooling: PoolingInputs | None = None  # a pooling request: its rows are pooled, never sampled
 
     @property
     def num_new_tokens(self) -> int:
@@ -93,9 +104,20 @@ class PromptLogprobs:
 
 
 @dataclass
+class PooledChunk:
+    """One pooling sequence's rows of this step, reduced: float32 on the CPU, [hidden] for
+    LAST (the last chunk's last row), CLS (the first chunk's first row) and MEAN (the rows'
+    sum), [rows, hidden] for ALL; None when the chunk holds no row the pooling reads."""
+
+    request_id: str
+    data: object  # torch.Tensor | None (this module stays free of torch)
+
+
+@dataclass
 class ModelRunnerOutput:
     sampled: SamplerOutput | None
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    pooled: list[PooledChunk] = field(default_factory=list)
 
 
 def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
@@ -107,10 +129,14 @@ def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> lis
     return [per_seq] * full + ([rest] if rest else [])
 
 
-def dummy_step(lengths: list[int], block_tables: list[list[int]]) -> SchedulerOutput:
-    """Prompts of token 0 with the given lengths and block tables, each sampled greedily once:
-    the one dummy batch of the start-up profiling and warm-up forwards."""
+def dummy_step(lengths: list[int], block_tables: list[list[int]],
+               pooled: bool = False) -> SchedulerOutput:
+    """Prompts of token 0 with the given lengths and block tables, each sampled greedily once
+    (pooled instead, for an encoder, which has no logits): the one dummy batch of the
+    start-up profiling and warm-up forwards."""
     greedy = SamplingParams(temperature=0.0, max_tokens=1)
     return SchedulerOutput([
-        ScheduledSequence(f"dummy-{i}", [0] * n, 0, blocks, SamplingInputs(greedy, (), 0))
+        ScheduledSequence(f"dummy-{i}", [0] * n, 0, blocks,
+                          None if pooled else SamplingInputs(greedy, (), 0),
+                          pooling=PoolingInputs("LAST", True, True) if pooled else None)
         for i, (n, blocks) in enumerate(zip(lengths, block_tables))])

@@ -30,6 +30,7 @@ HONOURED: dict[str, str | None] = {
     "--generation-config": "config.model.generation_config",
     "--override-generation-config": "config.model.override_generation_config",
     "--max-logprobs": "config.model.max_logprobs",
+    "--pooler-config": "config.model.pooler_config",
     "--download-dir": "config.model.download_dir",
     "--block-size": "config.cache.block_size",
     "--gpu-memory-utilization": "config.cache.gpu_memory_utilization",
@@ -62,6 +63,9 @@ HONOURED: dict[str, str | None] = {
     "--tool-call-parser": "config.server.tool_call_parser",
     "--reasoning-parser": "config.server.reasoning_parser",
     "--enable-prompt-tokens-details": "config.server.enable_prompt_tokens_details",
+    "--return-tokens-as-token-ids": "config.server.return_tokens_as_token_ids",
+    "--enable-server-load-tracking": "config.server.enable_server_load_tracking",
+    "--enable-tokenizer-info-endpoint": "config.server.enable_tokenizer_info_endpoint",
     "--log-level": "log_level",
     "--uvicorn-log-level": "log_level",
 }
@@ -96,8 +100,12 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "in one process", action="switch", fine=(True,)),
     ForeignFlag(("--preemption-mode",), "preempts by recomputation only", refuse=True,
                 fine=("recompute",)),
-    ForeignFlag(("--task",), "serves text generation only", refuse=True, fine=("auto", "generate")),
-    ForeignFlag(("--runner",), "serves text generation only", refuse=True, fine=("auto", "generate")),
+    ForeignFlag(("--task",), "serves generation and embeddings from one model (no classify, "
+                "score or reward)", refuse=True, fine=("auto", "generate", "embed", "embedding")),
+    ForeignFlag(("--runner",), "serves generation and embeddings from one model (a decoder), or "
+                "embeddings (an encoder)", refuse=True, fine=("auto", "generate", "pooling")),
+    ForeignFlag(("--convert",), "pools a decoder for /v1/embeddings without converting it (no "
+                "classify or reward heads)", refuse=True, fine=("auto", "none", "embed")),
     ForeignFlag(("--tokenizer-mode",), "reads Hugging Face tokenizers (tokenizer.json) only",
                 refuse=True, fine=("auto", "hf", "slow")),
     ForeignFlag(("--kv-cache-dtype",), "keeps the KV cache in the model's dtype (--dtype); fp8 "
@@ -134,8 +142,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     ForeignFlag(("--disable-uvicorn-access-log",), "has no access log (requests are logged only "
                 "with --enable-log-requests)", action="switch"),
     ForeignFlag(("--enable-log-outputs",), "logs requests, not their outputs", action="switch"),
-    ForeignFlag(("--enable-server-load-tracking",), "reports its load in /metrics only",
-                action="switch"),
     ForeignFlag(("--otlp-traces-endpoint",), "exports no OpenTelemetry traces"),
     # refused: pyserve would serve something other than what was asked for
     ForeignFlag(("--ssl-keyfile",), _NO_TLS, refuse=True),

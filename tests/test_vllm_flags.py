@@ -6,6 +6,8 @@ import operator
 
 import pytest
 
+from pyserve.pooling_params import PoolerConfig
+
 from pyserve.cli import parse_serve
 from pyserve.vllm_flags import FOREIGN, HONOURED, foreign_names
 
@@ -25,6 +27,8 @@ HONOURED_EXAMPLES = {
                                       '{"top_p": 0.9, "temperature": 0.5}'],
                                      (("temperature", 0.5), ("top_p", 0.9))),
     "--max-logprobs": (["--max-logprobs", "-1"], -1),
+    "--pooler-config": (["--pooler-config", '{"pooling_type": "MEAN", "normalize": false}'],
+                        PoolerConfig("MEAN", False)),
     "--download-dir": (["--download-dir", "{dir}"], "{dir}"),
     "--block-size": (["--block-size", "32"], 32),
     "--gpu-memory-utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
@@ -54,6 +58,9 @@ HONOURED_EXAMPLES = {
     "--trust-request-chat-template": (["--trust-request-chat-template"], True),
     "--response-role": (["--response-role", "helper"], "helper"),
     "--enable-prompt-tokens-details": (["--enable-prompt-tokens-details"], True),
+    "--return-tokens-as-token-ids": (["--return-tokens-as-token-ids"], True),
+    "--enable-server-load-tracking": (["--enable-server-load-tracking"], True),
+    "--enable-tokenizer-info-endpoint": (["--enable-tokenizer-info-endpoint"], True),
     "--enable-auto-tool-choice": (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], True),
     "--tool-call-parser": (["--tool-call-parser", "llama3_json"], "llama3_json"),
     "--reasoning-parser": (["--reasoning-parser", "deepseek_r1"], "deepseek_r1"),
@@ -70,9 +77,13 @@ FOREIGN_EXAMPLES = [
     (["--preemption-mode", "recompute"], "honoured"),
     (["--preemption-mode", "swap"], "refused"),
     (["--task", "generate"], "honoured"),
-    (["--task", "embed"], "refused"),
+    (["--task", "embed"], "honoured"),
+    (["--task", "classify"], "refused"),
     (["--runner", "auto"], "honoured"),
-    (["--runner", "pooling"], "refused"),
+    (["--runner", "pooling"], "honoured"),
+    (["--runner", "draft"], "refused"),
+    (["--convert", "embed"], "honoured"),
+    (["--convert", "classify"], "refused"),
     (["--tokenizer-mode", "auto"], "honoured"),
     (["--tokenizer-mode", "mistral"], "refused"),
     (["--kv-cache-dtype", "auto"], "honoured"),
@@ -104,7 +115,6 @@ FOREIGN_EXAMPLES = [
     (["--disable-fastapi-docs"], "warned"),
     (["--disable-uvicorn-access-log"], "warned"),
     (["--enable-log-outputs"], "warned"),
-    (["--enable-server-load-tracking"], "warned"),
     (["--otlp-traces-endpoint", "http://collector:4317"], "warned"),
     (["--ssl-keyfile", "key.pem"], "refused"),
     (["--ssl-certfile", "cert.pem"], "refused"),

@@ -11,12 +11,16 @@ from pyserve.arith import cdiv
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
 from pyserve.errors import InvalidRequest
-from pyserve.sampling_params import SamplingParams
+from pyserve.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 
 # prompt_logprobs entries (positions x (k + 1)) one request may ask for: prompt_logprobs -1 over
 # a 49k-token vocabulary is 49k Python objects a position, so this bounds a response near 150 MB
 MAX_PROMPT_LOGPROB_ENTRIES = 2**20
+# the same bound on sampled tokens' logprobs (n x max_tokens x (k + 1)), for k above vLLM's
+# default --max-logprobs: top_logprobs -1 is a response of vocabulary-sized lists
+MAX_LOGPROB_ENTRIES = 2**20
+UNGUARDED_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,11 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     n = len(prompt_token_ids)
     vocab, max_len = limits.vocab_size, limits.max_model_len
     if n == 0:
-        raise InvalidRequest("prompt", "prompt is empty")
-    if any(not 0 <= t < vocab for t in prompt_token_ids):
-        raise InvalidRequest("prompt", f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        raise InvalidRequest("prompt", "The decoder prompt cannot be empty")  # vLLM's words
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:  # vLLM's wording, which clients match on
+        raise InvalidRequest("prompt", f"Token id {bad} is out of vocabulary (token ids must "
+                             f"lie in [0, {vocab}))")
     if n >= max_len:
         raise InvalidRequest("max_tokens", f"This model's maximum context length is {max_len} "
                              f"tokens. However, your prompt has {n} tokens. Please shorten the prompt.")
@@ -51,15 +57,36 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     if cdiv(n + max_tokens, limits.block_size) > limits.num_blocks:
         raise InvalidRequest(None, f"{n + max_tokens} tokens cannot fit in the whole KV cache "
                              f"({limits.num_blocks * limits.block_size} tokens)")
-    if any(not 0 <= t < vocab for t in params.logit_bias or ()):
-        raise InvalidRequest("logit_bias", "logit_bias contains out-of-vocab token ids. "
-                             f"Vocabulary size: {vocab}")
+    invalid = [t for t in params.logit_bias or () if not 0 <= t < vocab]
+    if invalid:
+        raise InvalidRequest("logit_bias", f"token_id(s) {invalid} in logit_bias contain "
+                             f"out-of-vocab token ids. Vocabulary size: {vocab}")
+    _check_logprobs(n, max_tokens, params, limits)
+    return max_tokens
+
+
+def _check_logprobs(n: int, max_tokens: int, params: SamplingParams, limits: Limits) -> None:
+    """vLLM's rule: -1 is the whole vocabulary, and neither count may pass --max-logprobs
+    (-1: the vocabulary). Beyond that, the memory guards on what one response may hold."""
+    vocab = limits.vocab_size
     limit = vocab if limits.max_logprobs == -1 else limits.max_logprobs
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         value = vocab if value == -1 else value
         if value is not None and value > limit:
-            raise InvalidRequest(name, f"{name} must be at most {limit} (--max-logprobs), got {value}")
+            kind = "sample" if name == "logprobs" else "prompt"
+            raise InvalidRequest(name, f"Requested {kind} logprobs of {value}, which is greater "
+                                 f"than max allowed: {limit} (--max-logprobs; -1 allows the "
+                                 "whole vocabulary)")
+    if params.logprobs is not None:
+        k = vocab if params.logprobs == -1 else params.logprobs
+        entries = params.n * max_tokens * (k + 1)
+        # within vLLM's default --max-logprobs (20) a request is never held to the guard
+        if k > UNGUARDED_LOGPROBS and entries > MAX_LOGPROB_ENTRIES:
+            raise InvalidRequest("logprobs", f"logprobs of {k} for up to {max_tokens} tokens "
+                                 f"(n={params.n}) could return {entries} entries, more than "
+                                 f"the {MAX_LOGPROB_ENTRIES} one response may hold; lower "
+                                 "max_tokens or ask for fewer logprobs")
     if params.prompt_logprobs is not None:
         k = vocab if params.prompt_logprobs == -1 else params.prompt_logprobs
         if (n - 1) * (k + 1) > MAX_PROMPT_LOGPROB_ENTRIES:
@@ -67,7 +94,6 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
                                  f"would return {(n - 1) * (k + 1)} entries, more than the "
                                  f"{MAX_PROMPT_LOGPROB_ENTRIES} one response may hold; ask for "
                                  "fewer or score a shorter prompt")
-    return max_tokens
 
 
 def _last(ids: list[int], token: int) -> int:
@@ -90,6 +116,10 @@ class Admission:
         self.tokenizer = tokenizer
         self.staged = staged_siblings
         self._arrivals = itertools.count()
+
+    def next_arrival(self) -> int:
+        """The arrival number of the next request (its FCFS place)."""
+        return next(self._arrivals)
 
     def _reasoning_end(self, prompt_token_ids: list[int]) -> int | None:
         """The token that ends the reasoning a grammar waits for; None if it need not wait."""
@@ -132,3 +162,29 @@ class Admission:
                 child.grammar_after = self._reasoning_end(prompt_token_ids)
             children.append(child)
         return RequestGroup(request_id, children, staged=self.staged)
+
+
+def admit_pooling(limits: Limits, request_id: str, prompt_token_ids: list[int], state,
+                  arrival: int, prompt: str | None = None, priority: int = 0) -> RequestGroup:
+    """A pooling request's group (one Request that never samples, holding `state`), or
+    InvalidRequest. Its whole prompt may fill the model's length: nothing is generated."""
+    n, vocab, max_len = len(prompt_token_ids), limits.vocab_size, limits.max_model_len
+    if n == 0:
+        raise InvalidRequest("input", "input is empty")
+    if any(not 0 <= t < vocab for t in prompt_token_ids):
+        raise InvalidRequest("input", f"input holds token ids outside the vocabulary [0, {vocab})")
+    if n > max_len:
+        raise InvalidRequest("input", f"This model's maximum context length is {max_len} tokens. "
+                             f"However, you requested {n} tokens in the input for embedding "
+                             "generation. Please reduce the length of the input.")
+    if cdiv(n, limits.block_size) > limits.num_blocks:
+        raise InvalidRequest("input", f"{n} tokens cannot fit in the whole KV cache "
+                             f"({limits.num_blocks * limits.block_size} tokens)")
+    if priority != 0 and not limits.priority_scheduling:
+        raise InvalidRequest("priority", f"priority {priority} was given, but priority "
+                             "scheduling is not enabled (--scheduling-policy priority)")
+    params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+    request = Request(request_id, prompt_token_ids, params, (), 0, prompt=prompt, arrival=arrival,
+                      priority=priority)
+    request.pooling = state
+    return RequestGroup(request_id, [request], staged=False)

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.pooling_params import ModelPooler, PoolingParams
 from pyserve.structured.compiler import GrammarError
 from pyserve.sampling_params import SamplingParams
 
@@ -93,6 +94,19 @@ class AsyncEngine:
     @property
     def tokenizer(self):
         return self.core.tokenizer
+
+    @property
+    def is_encoder(self) -> bool:
+        """An embedding-only model (BERT-family): no generation."""
+        return self.core.is_encoder
+
+    @property
+    def pooler(self) -> ModelPooler:
+        return self.core.pooler
+
+    @property
+    def hidden_size(self) -> int:
+        return self.core.plan.hidden_size
 
     @property
     def generation_defaults(self) -> dict:
@@ -192,10 +206,25 @@ class AsyncEngine:
         """Admits the request now (ValueError if it can never run) and returns its stream.
         Leaving the iteration early (break, cancellation, a client gone) aborts the request;
         a stream never iterated must be ended with discard()."""
+        self._check_alive()
+        self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
+        return self._open_stream(request_id)
+
+    def add_pooling_request(self, prompt_token_ids: list[int], params: PoolingParams,
+                            request_id: str, prompt: str | None = None,
+                            priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """As add_request, for an embedding: its stream yields one output, whose `pooled`
+        is the result."""
+        self._check_alive()
+        self.core.add_pooling_request(request_id, prompt_token_ids, params, prompt, priority)
+        return self._open_stream(request_id)
+
+    def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(f"the engine died: {self.dead_reason}")
         self.start()
-        self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
+
+    def _open_stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._has_work.set()

@@ -19,10 +19,11 @@ import time
 import torch
 
 from pyserve.config import Config
-from pyserve.engine.admission import Admission, Limits
+from pyserve.engine.admission import Admission, Limits, admit_pooling
 from pyserve.engine.generation_defaults import load_generation_defaults
 from pyserve.engine.output import RequestOutput
 from pyserve.engine.output_processor import OutputProcessor
+from pyserve.engine.pooling import pooling_state
 from pyserve.engine.request_group import RequestGroup
 from pyserve.engine.request_table import RequestTable
 from pyserve.engine.scheduler import Scheduler
@@ -31,6 +32,7 @@ from pyserve.errors import InvalidRequest
 from pyserve.executor import executor_class
 from pyserve.executor.plan import resolve
 from pyserve.kv.manager import KVCacheManager
+from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
 from pyserve.structured.bitmask import fill_bitmask
@@ -54,6 +56,8 @@ class EngineCore:
         self.model_path = plan.model_path
         self.vocab_size = plan.vocab_size
         self.max_model_len = plan.max_model_len
+        self.pooler = plan.pooler  # how /v1/embeddings pools this model
+        self.is_encoder = plan.is_encoder  # an embedding-only model (bidirectional attention)
         self.tokenizer = load_tokenizer(plan.tokenizer_path)
         eos = set(plan.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -111,6 +115,20 @@ class EngineCore:
         for child in group.children:
             if child not in group.pending:
                 self.scheduler.add(child)
+        return group
+
+    def add_pooling_request(self, request_id: str, prompt_token_ids: list[int],
+                            params: PoolingParams, prompt: str | None = None,
+                            priority: int = 0) -> RequestGroup:
+        """Admits a pooling (embedding) request, or raises InvalidRequest; its one output
+        carries the pooled tensor (engine/pooling.py)."""
+        if request_id in self.requests:
+            raise InvalidRequest(None, f"request_id '{request_id}' is already in use")
+        state = pooling_state(params, self.pooler, self.plan.hidden_size, self.is_encoder)
+        group = admit_pooling(self.admission.limits, request_id, prompt_token_ids, state,
+                              self.admission.next_arrival(), prompt, priority)
+        self.requests.add(group)
+        self.scheduler.add(group.children[0])
         return group
 
     def abort(self, request_id: str) -> None:
@@ -177,6 +195,7 @@ class EngineCore:
         Requests aborted while the step ran are skipped: their blocks are already free."""
         self.outputs.record_prompt_logprobs(result.prompt_logprobs, self.requests)
         sampled = result.sampled
+        pooled = {chunk.request_id: chunk.data for chunk in result.pooled}
         row = 0
         t = now()
         outputs = []
@@ -189,6 +208,11 @@ class EngineCore:
             if request is None or request.finished:
                 continue
             self.scheduler.computed(request, seq.num_new_tokens)
+            if seq.pooling is not None:
+                output = self._pooled(request, seq.start, pooled.get(seq.request_id), t)
+                if output is not None:
+                    outputs.append(output)
+                continue
             group = self.requests.group_of(request)
             self._release_siblings(group)
             if token is None:
@@ -205,6 +229,22 @@ class EngineCore:
                 outputs.append(output)
         self.stats.on_step_done()
         return outputs
+
+    def _pooled(self, request, start: int, part, t: float) -> RequestOutput | None:
+        """A pooling request's chunk; at its last, the request ends with its result."""
+        state = request.pooling
+        if start == 0:  # its first chunk, or its first again after a preemption
+            state.restart()
+        state.add(part)
+        if request.num_computed_tokens < request.num_tokens:
+            return None
+        request.finish("stop")
+        self.scheduler.finish(request)
+        self.requests.remove(request.group_id)
+        self.stats.on_pooled(request, t)
+        return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids, [],
+                             finished=True, num_cached_tokens=request.num_cached_tokens,
+                             pooled=state.result(request.num_tokens))
 
     def group_ids(self, step: SchedulerOutput) -> set[str]:
         """The client requests (groups) a step's sequences belong to, those still known."""
@@ -248,7 +288,7 @@ class EngineCore:
             if not ids:
                 return 0.0
             return self.executor.profile_run(
-                dummy_step(lengths[:len(ids)], [self.kv.block_ids(i) for i in ids]))
+                dummy_step(lengths[:len(ids)], [self.kv.block_ids(i) for i in ids], self.is_encoder))
         finally:
             for i in ids:
                 self.kv.forget(i)

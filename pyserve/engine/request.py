@@ -53,6 +53,8 @@ class Request:
         self.matcher = None
         # with a reasoning model, the grammar starts after this token (the end of thinking)
         self.grammar_after: int | None = None
+        # a pooling (embedding) request: its PoolingState (engine/pooling.py); it never samples
+        self.pooling = None
 
     @property
     def num_tokens(self) -> int:

@@ -29,7 +29,8 @@ import bisect
 from pyserve.config import SchedulerConfig
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
-from pyserve.step import PromptLogprobsInputs, SamplingInputs, ScheduledSequence, SchedulerOutput
+from pyserve.step import (PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
+                          SchedulerOutput)
 
 
 def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int]) -> ScheduledSequence:
@@ -37,6 +38,11 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
     last known token (so it yields the next one)."""
     first = request.num_computed_tokens
     last = first + num_new_tokens
+    if request.pooling is not None:  # pooled, never sampled
+        return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
+                                 block_ids, pooling=PoolingInputs(
+                                     request.pooling.pooling_type, first == 0,
+                                     last == request.num_tokens))
     params = request.params
     sampling = None
     if last == request.num_tokens:
@@ -113,7 +119,12 @@ class Scheduler:
         while (not preempted and i < len(self.waiting) and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
-            use_cache = request.params.prompt_logprobs is None  # they need every position computed
+            pooling = request.pooling
+            if pooling is not None and pooling.whole_prompt and request.num_tokens > budget:
+                i += 1  # attends in both directions: the whole prompt in one step, a later one
+                continue
+            # prompt logprobs and most poolings read every position: computed, not cached
+            use_cache = request.params.prompt_logprobs is None and (pooling is None or pooling.cacheable)
             if self.kv.prefix_in_flight(request.request_id, request.all_token_ids, use_cache):
                 i += 1  # let the request that computes the shared prefix finish it
                 continue

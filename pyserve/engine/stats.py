@@ -152,12 +152,20 @@ class EngineStats:
         self.prefill_time.observe(first - scheduled)
         self.decode_time.observe(last - first)
         self.inference_time.observe(last - scheduled)
-        if generated > 1:  # the first token belongs to the prefill
-            self.time_per_output_token.observe((last - first) / (generated - 1))
+        # the first token belongs to the prefill; a one-token request observes 0, as vLLM's
+        self.time_per_output_token.observe((last - first) / (generated - 1) if generated > 1 else 0.0)
         self.prompt_len.observe(prompt)
         self.generation_len.observe(generated)
         self.prefill_computed.observe(prompt - request.num_cached_tokens)
         self.max_tokens.observe(request.max_tokens)
+
+    def on_pooled(self, request, now: float) -> None:
+        """A pooling request computed its prompt (it generates nothing)."""
+        prompt = len(request.prompt_token_ids)
+        self.prompt_tokens += prompt
+        self.prompt_tokens_cached += request.num_cached_tokens
+        self._step_tokens += prompt
+        self.e2e.observe(now - request.arrival_time)
 
     def on_group_finished(self, children) -> None:
         """The last of a request's n completions is done."""

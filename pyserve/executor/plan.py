@@ -23,13 +23,19 @@ from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
 from pyserve.model.layers.parallel import kv_heads_per_rank
 from pyserve.model.loader import resolve_dtype
+from pyserve.model.models.bert import EncoderArch
+from pyserve.model.registry import is_encoder
+from pyserve.model.sentence_transformers import read_sentence_transformers
 from pyserve.model.source import resolve_model
+from pyserve.pooling_params import ModelPooler, PoolerConfig
 
 logger = logging.getLogger("pyserve")
 
 CUDA_HEAD_SIZES = (64, 128, 256)  # csrc/cuda/attention.cu's instantiations
 # (max_num_seqs, max_num_batched_tokens) by device type, where not given
 STEP_LIMITS = {"cpu": (128, 128), "cuda": (256, 2048)}
+# an encoder's step budget, where not given (at least its length)
+ENCODER_STEP_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,10 @@ class EnginePlan:
     block_order: str  # "resident" or "lru"
     weights: str  # how the weights are held, for the start-up log
     shard: ShardSpec
+    pooler: ModelPooler  # how /v1/embeddings pools this model
+    is_encoder: bool = False  # an embedding-only model: bidirectional attention, no KV cache
+    hidden_size: int = 0
+
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -133,35 +143,55 @@ def _eos_ids(arch, model_path: Path, generation_config: str) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if isinstance(i, int)))
 
 
+def resolve_pooler(requested: PoolerConfig | None, hf_config: dict,
+                   sentence_transformers) -> ModelPooler:
+    """The model's pooling: --pooler-config's keys over a sentence-transformers directory's
+    modules (sentence_transformers: what model/sentence_transformers.py read, or None), over
+    vLLM's default for a causal LM made an embedding model: the last token, normalized."""
+    kind, normalize = "LAST", True
+    if sentence_transformers is not None:
+        kind, normalize = sentence_transformers.pooling_type, sentence_transformers.normalize
+    if requested is not None:
+        kind = requested.pooling_type or kind
+        normalize = normalize if requested.normalize is None else requested.normalize
+    dims = hf_config.get("matryoshka_dimensions")
+    matryoshka = (tuple(int(d) for d in dims) if isinstance(dims, list) and dims
+                  else () if hf_config.get("is_matryoshka") else None)
+    return ModelPooler(kind, normalize, matryoshka)
+
+
 def resolve(config: Config) -> EnginePlan:
     device = resolve_device(config.device.device)
+    budget_given = config.scheduler.max_num_batched_tokens is not None
     config = dataclasses.replace(config, scheduler=resolve_step_limits(config.scheduler, device))
     source = resolve_model(config.model)
     arch = source.arch
-    dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
+    st = read_sentence_transformers(source.path)
+    encoder = is_encoder(arch.architecture)
     max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
+    if encoder:
+        config, max_model_len = encoder_limits(config, source.hf_config, st, max_model_len,
+                                               budget_given)
     tp = config.parallel.tensor_parallel_size
+    if encoder and tp > 1:
+        raise ModelLoadError(f"{arch.architecture} is an encoder: pyserve runs it on one rank "
+                             "(--tensor-parallel-size 1)")
     check_tensor_parallel(arch, tp)
-    if device.type == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES:
+    if device.type == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES and not encoder:
         raise ModelLoadError(f"head_dim {arch.head_dim} is not supported on CUDA (the attention "
                              f"kernel has head sizes {', '.join(map(str, CUDA_HEAD_SIZES))}); "
                              "use --device cpu")
-    block_size = config.cache.block_size
-    per_block = KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp), arch.head_dim,
-                         dtype).bytes_per_block(block_size)
-    need = cdiv(max_model_len, block_size)
-    num_blocks = None
-    if device.type == "cpu" or config.cache.kv_cache_memory is not None:
-        budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
-        num_blocks = budget // per_block
-        if num_blocks < need:
-            raise ModelLoadError(
-                f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
-                f"hold one sequence of --max-model-len {max_model_len} ({need} blocks); raise "
-                "--kv-cache-memory or lower --max-model-len")
-    sched = config.scheduler
+    dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
+    block_size, sched = config.cache.block_size, config.scheduler
+    if encoder:  # no KV cache: blocks only bound the tokens one step holds
+        per_block = 0
+        num_blocks = cdiv(sched.max_num_batched_tokens, block_size) + sched.max_num_seqs
+    else:
+        per_block = KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp),
+                             arch.head_dim, dtype).bytes_per_block(block_size)
+        num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len)
     graph_sizes = ()
-    if device.type == "cuda" and not config.device.enforce_eager:
+    if device.type == "cuda" and not config.device.enforce_eager and not encoder:
         graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
     gguf_kept = source.gguf_path is not None and device.type == "cpu" and dtype == torch.float32
     int8 = gguf_kept and _int8_activations(config.model.gguf_activations)
@@ -174,8 +204,49 @@ def resolve(config: Config) -> EnginePlan:
     shard = ShardSpec(arch, source.path, config.model.load_format, dtype, device.type,
                       max_model_len, config.model.seed, block_size, num_blocks, tp, weight_dtype,
                       source.gguf_path, config.cache.gpu_memory_utilization,
-                      sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8)
+                      sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder)
+    pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,
                       _eos_ids(arch, source.path, config.model.generation_config), block_size,
-                      per_block, num_blocks, order, weights, shard)
+                      per_block, num_blocks, order, weights, shard, pooler, encoder, arch.hidden_size)
+
+
+def _cpu_num_blocks(config: Config, device: torch.device, per_block: int,
+                    max_model_len: int) -> int | None:
+    """The KV cache's blocks from its byte budget; None on a GPU without --kv-cache-memory
+    (measured there after loading)."""
+    if device.type != "cpu" and config.cache.kv_cache_memory is None:
+        return None
+    block_size = config.cache.block_size
+    need = cdiv(max_model_len, block_size)
+    budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+    num_blocks = budget // per_block
+    if num_blocks < need:
+        raise ModelLoadError(
+            f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
+            f"hold one sequence of --max-model-len {max_model_len} ({need} blocks); raise "
+            "--kv-cache-memory or lower --max-model-len")
+    return num_blocks
+
+
+def encoder_limits(config: Config, hf_config: dict, st, max_model_len: int,
+                   budget_given: bool) -> tuple[Config, int]:
+    """An encoder attends over its whole input at once, so a step must hold a whole one: the
+    length is the model's (less the position offset RoBERTa spends on padding, and at most
+    sentence-transformers' max_seq_length), the step budget at least that length, and no
+    prefix caching (there is no KV cache to reuse)."""
+    length = min(max_model_len, EncoderArch.from_hf_config(hf_config).max_model_len)
+    if config.model.max_model_len is None and st is not None and st.max_seq_length:
+        length = min(length, st.max_seq_length)
+    sched = config.scheduler
+    budget = sched.max_num_batched_tokens
+    if budget_given and budget < length:
+        raise ModelLoadError(f"--max-num-batched-tokens ({budget}) must be at least the "
+                             f"encoder's length ({length}): its whole input runs in one step")
+    if not budget_given:  # no decode waits on an encoder's steps: large ones batch best
+        budget = max(length, ENCODER_STEP_TOKENS)
+    config = dataclasses.replace(
+        config, scheduler=dataclasses.replace(sched, max_num_batched_tokens=budget),
+        cache=dataclasses.replace(config.cache, enable_prefix_caching=False))
+    return config, length

@@ -43,6 +43,7 @@ class ShardSpec:
     max_num_seqs: int = 256
     cuda_graph_sizes: tuple[int, ...] = ()  # empty: eager only
     int8_activations: bool = False  # GGUF Q4_1 / Q8_0 layers quantize their input (--gguf-activations)
+    encoder: bool = False  # an encoder (BERT): no KV cache; num_blocks only bounds a step's tokens
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:
@@ -71,6 +72,10 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
                        spec.int8_activations)
+    if spec.encoder:
+        runner = ModelRunner(model, [], spec.block_size, device, spec.seed)
+        runner.num_blocks = spec.num_blocks
+        return runner
     layout = kv_layout(spec, tp.size)
     num_blocks = spec.num_blocks
     if num_blocks is None:

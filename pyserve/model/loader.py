@@ -12,7 +12,7 @@ import torch
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
 from pyserve.model.layers.parallel import SINGLE, TPGroup
-from pyserve.model.registry import model_class
+from pyserve.model.registry import is_encoder, model_class
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,6 +63,18 @@ def pack_weights(model: torch.nn.Module, int8_activations: bool = False) -> None
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native()
+
+
+def fill_parameter(param: torch.nn.Parameter, tensor, shard: int | None = None) -> None:
+    """Copies a checkpoint tensor (or a CheckpointSlice) into a parameter, through its
+    weight_loader where it has one (this rank's shard; shard: which merged part)."""
+    loader = getattr(param, "weight_loader", None)
+    if loader is None:
+        param.data.copy_(tensor[...])
+    elif shard is None:
+        loader(param, tensor)
+    else:
+        loader(param, tensor, shard)
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -135,7 +147,12 @@ def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, dev
           max_positions: int, seed: int, tp: TPGroup, quantized: dict) -> torch.nn.Module:
     cls = model_class(arch.architecture)
     with torch.device(device):
-        model = cls(arch, max_positions, dtype, tp)
+        if is_encoder(arch.architecture):  # its own shape, read from the same config.json
+            from pyserve.model.models.bert import EncoderArch
+
+            model = cls(EncoderArch.from_hf_config(json.loads((path / "config.json").read_text())), dtype)
+        else:
+            model = cls(arch, max_positions, dtype, tp)
     if load_format == "dummy":
         _fill_random(model, seed)
         return model.eval()

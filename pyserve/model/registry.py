@@ -12,13 +12,25 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
+# Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
+ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
+                         # masked-LM checkpoints: the same encoder, their head unread
+                         "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM")
+
+
+def is_encoder(architecture: str) -> bool:
+    return architecture in ENCODER_ARCHITECTURES
 
 
 def model_class(architecture: str):
+    if is_encoder(architecture):
+        from pyserve.model.models.encoder import EncoderForEmbedding
+
+        return EncoderForEmbedding
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture '{architecture}'; pyserve supports: "
-            + ", ".join(SUPPORTED_ARCHITECTURES))
+            + ", ".join(SUPPORTED_ARCHITECTURES + ENCODER_ARCHITECTURES))
     from pyserve.model.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pyserve.model.layers.attention import AttentionMetadata
+from pyserve.model.pooler import PoolingRows, pool_step
 from pyserve.model.sampler import (SamplingMetadata, build_metadata, logprob_columns,
                                    read_result_table, sample, sample_on_device)
 from pyserve.step import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
@@ -58,6 +59,7 @@ class PreparedBatch:
     num_sampled: int  # logits rows [0, num_sampled) are sampled, in batch order
     sampling: SamplingMetadata | None
     prompt_logprobs: list[PromptLogprobsRequest] = field(default_factory=list)
+    pooling: list[PoolingRows] = field(default_factory=list)  # pooled, never sampled
 
 
 @dataclass
@@ -67,6 +69,7 @@ class LaunchedStep:
     batch: PreparedBatch
     table: torch.Tensor | None  # pinned host memory the sampler's result table is copied into
     prompt_logprobs: list[PromptLogprobs]
+    pooled: list  # PooledChunk, read with the prompt logprobs (few requests pool)
 
 
 class ModelRunner:
@@ -102,7 +105,7 @@ class ModelRunner:
             self._generators.pop(request_id, None)
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
-        prompt_lp, sampling, generators = [], [], []
+        prompt_lp, sampling, generators, pooling = [], [], [], []
         seqs = step.sequences
         tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
         for row, s in enumerate(seqs):
@@ -116,6 +119,9 @@ class ModelRunner:
                 prompt_lp.append(PromptLogprobsRequest(
                     s.request_id, [starts[-1] + i for i in range(len(lp.targets))], lp.targets,
                     lp.k, lp.first_position))
+            if s.pooling is not None:
+                pooling.append(PoolingRows(s.request_id, starts[-1],
+                                           starts[-1] + len(s.token_ids), s.pooling))
             starts.append(starts[-1] + len(s.token_ids))
             seq_lens.append(last)
             tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
@@ -138,20 +144,23 @@ class ModelRunner:
             build_metadata(sampling, generators, self.vocab_size, self.device,
                            grammar=(step.grammar_bitmask, step.constrained_rows)
                            if step.grammar_bitmask is not None else None) if sampling else None,
-            prompt_lp)
+            prompt_lp, pooling)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
         """The forward pass -> float32 logits of inputs.logits_rows (None on ranks other than
         0, or when no row needs logits)."""
+        return self._logits(*self._forward(inputs))
+
+    def _forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden states [T, H] on the device, the logits rows there)."""
         size = self.graphs.bucket(inputs) if self.graphs is not None else None
         if size is not None:
-            hidden = self.graphs.run(inputs, size)
-            rows = inputs.logits_rows.to(self.device, non_blocking=True)
-        else:
-            inputs = inputs.to(self.device)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-            rows = inputs.logits_rows
+            return self.graphs.run(inputs, size), inputs.logits_rows.to(self.device, non_blocking=True)
+        inputs = inputs.to(self.device)
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta), inputs.logits_rows
+
+    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
         if rows.numel() == 0:
             return None
         logits = self.model.compute_logits(hidden[rows])
@@ -159,11 +168,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: PreparedBatch) -> ModelRunnerOutput:
-        logits = self.execute_model(batch.inputs)
+        hidden, rows = self._forward(batch.inputs)
+        pooled = pool_step(hidden, batch.pooling) if batch.pooling else []
+        logits = self._logits(hidden, rows)
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch))
+        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled)
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -184,7 +195,9 @@ class ModelRunner:
         # the batch's sampling tensors were copied in on the default stream, by the loop's thread
         self._stream.wait_stream(torch.cuda.default_stream(self.device))
         with torch.cuda.stream(self._stream):
-            logits = self.execute_model(batch.inputs)
+            hidden, rows = self._forward(batch.inputs)
+            pooled = pool_step(hidden, batch.pooling) if batch.pooling else []
+            logits = self._logits(hidden, rows)
             table = None
             if batch.sampling is not None:
                 on_device = sample_on_device(logits[: batch.num_sampled], batch.sampling, self.generator)
@@ -192,7 +205,7 @@ class ModelRunner:
                 table.copy_(on_device, non_blocking=True)
             prompt_logprobs = self._prompt_logprobs(logits, batch)
             notify()
-        return LaunchedStep(batch, table, prompt_logprobs)
+        return LaunchedStep(batch, table, prompt_logprobs, pooled)
 
     @staticmethod
     def finish(step: LaunchedStep) -> ModelRunnerOutput:
@@ -200,7 +213,7 @@ class ModelRunner:
         sampled = None
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
-        return ModelRunnerOutput(sampled, step.prompt_logprobs)
+        return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled)
 
 
 @torch.inference_mode()

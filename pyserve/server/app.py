@@ -24,8 +24,10 @@ from pyserve import __version__
 from pyserve.config import Config
 from pyserve.server.auth import OPEN_PATHS, APIKeyCheck
 from pyserve.server.cors import CORS
-from pyserve.server.errors import APIError, error_body, error_response
+from pyserve.server.errors import (APIError, as_anthropic_error, error_body, error_response,
+                                   is_anthropic_path)
 from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
+from pyserve.server.load import ServerLoad
 from pyserve.server.router import Router, normalize_path
 
 logger = logging.getLogger("pyserve")
@@ -49,6 +51,7 @@ class ServerState:
         self.engine = None
         self.cors = CORS(config.server)
         self.auth = APIKeyCheck(config.server.api_key)
+        self.load = ServerLoad(config.server.enable_server_load_tracking)  # GET /load
 
     async def handle(self, request: Request) -> Response:
         if CORS.is_preflight(request):
@@ -64,6 +67,11 @@ class ServerState:
         return response
 
     async def _route(self, request: Request) -> Response:
+        response = await self._dispatch(request)
+        # Anthropic's clients read its error shape on its routes, whatever refused them
+        return as_anthropic_error(response) if is_anthropic_path(normalize_path(request.target)) else response
+
+    async def _dispatch(self, request: Request) -> Response:
         path = normalize_path(request.target)
         if self.auth.enabled and path not in OPEN_PATHS and not self.auth.allows(request):
             return self.auth.refusal(path)  # before routing: unknown paths too, and while loading
@@ -81,7 +89,7 @@ class ServerState:
         if self.phase != "ready":
             return error_response(503, f"the server is {self.phase}")
         try:
-            response = await self.router(request)
+            response = await self.load.call(path, self.router, request)
         except APIError as exc:
             response = error_response(exc.status, exc.message, exc.param)
             response.headers.extend(exc.headers)
@@ -115,11 +123,24 @@ def _build_routes(state: ServerState, engine) -> Router:
     serving = OpenAIServing(engine, state.config.server)
     router = Router(error_response)
 
+    # an encoder answers embeddings only; a decoder generates and embeds
+    tasks = ["embed", "token_embed"] if engine.is_encoder else ["generate", "embed", "token_embed"]
+
     async def models(request: Request) -> Response:  # one card per served name, as vLLM
         return Response(200, orjson.dumps({"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "pyserve",
-            "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len}
-            for name in serving.names]}))
+            "root": engine.model_path, "parent": None, "max_model_len": engine.max_model_len,
+            "supported_tasks": tasks} for name in serving.names]}))
+
+    def generation(handler):
+        """An encoder model cannot generate: its generation routes answer 400 saying so."""
+        if not engine.is_encoder:
+            return handler
+
+        async def refuse(request: Request) -> Response:
+            raise APIError(400, f"the model '{serving.model_name}' is an embedding model: it "
+                           "serves /v1/embeddings and /pooling, not text generation", "model")
+        return refuse
 
     from pyserve.server.metrics import metrics_handler
 
@@ -127,20 +148,38 @@ def _build_routes(state: ServerState, engine) -> Router:
     router.add("GET", "/metrics", metrics_handler(engine, engine.model_name))
     router.add("POST", "/tokenize", serving.tokenize)
     router.add("POST", "/detokenize", serving.detokenize)
-    router.add("POST", "/v1/completions", serving.completions)
-    router.add("POST", "/v1/chat/completions", serving.chat)
+    router.add("POST", "/v1/completions", generation(serving.completions))
+    router.add("POST", "/v1/chat/completions", generation(serving.chat))
+    from pyserve.server.openai.embeddings import OpenAIServingEmbedding
+
+    embedding = OpenAIServingEmbedding(engine, serving)
+    router.add("POST", "/v1/embeddings", embedding.embeddings)
+    router.add("POST", "/pooling", embedding.pooling)
     from pyserve.server.anthropic import AnthropicServing
 
     anthropic = AnthropicServing(serving)  # Anthropic's Messages API, onto the chat path
-    router.add("POST", "/v1/messages", anthropic.messages)
+    router.add("POST", "/v1/messages", generation(anthropic.messages))
     router.add("POST", "/v1/messages/count_tokens", anthropic.count_tokens)
     from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 
     responses = ResponsesAPI(serving, ResponseStore())  # the server's stored responses
-    router.add("POST", "/v1/responses", responses.create)
+    router.add("POST", "/v1/responses", generation(responses.create))
     router.add("GET", "/v1/responses/{response_id}", responses.retrieve)
     router.add("DELETE", "/v1/responses/{response_id}", responses.delete)
+    _add_vllm_routes(state, router, serving)
     return router
+
+
+def _add_vllm_routes(state: ServerState, router: Router, serving) -> None:
+    """vLLM's routes beside the APIs: /load, SageMaker's /invocations and, only when asked
+    for as vLLM asks, /tokenizer_info."""
+    from pyserve.server.sagemaker import Invocations
+    from pyserve.server.tokenizer_info import TokenizerInfo
+
+    router.add("GET", "/load", state.load.handler)
+    router.add("POST", "/invocations", Invocations(router))
+    if state.config.server.enable_tokenizer_info_endpoint:
+        router.add("GET", "/tokenizer_info", TokenizerInfo(serving.tokenizer, serving.chat_template))
 
 
 async def serve(config: Config) -> int:

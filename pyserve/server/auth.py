@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from pyserve.server.errors import anthropic_error_response, error_response
+from pyserve.server.errors import anthropic_error_response, error_response, is_anthropic_path
 from pyserve.server.http import Request, Response
 
 OPEN_PATHS = frozenset({"/health", "/ping", "/version"})
@@ -67,7 +67,7 @@ class APIKeyCheck:
 
     def refusal(self, path: str = "") -> Response:
         message = "missing or invalid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-        if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        if is_anthropic_path(path):
             response = anthropic_error_response(401, message)
         else:
             response = error_response(401, message)

@@ -45,3 +45,24 @@ def anthropic_error_type(status: int) -> str:
 def anthropic_error_response(status: int, message: str) -> Response:
     return Response(status, orjson.dumps({"type": "error", "error": {
         "type": anthropic_error_type(status), "message": message}}))
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def as_anthropic_error(response: Response) -> Response:
+    """An error answered in OpenAI's shape (the router's 404 and 405, a 503 while loading, a
+    refusal raised below the route) re-shaped as Anthropic's, headers kept."""
+    if not isinstance(response, Response) or response.status < 400:
+        return response
+    try:
+        body = orjson.loads(response.body)
+        message = body["error"]["message"] if body.get("type") != "error" else None
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return response
+    if message is None:  # already Anthropic's
+        return response
+    shaped = anthropic_error_response(response.status, message)
+    shaped.headers = response.headers
+    return shaped

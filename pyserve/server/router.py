@@ -48,6 +48,10 @@ class Router:
         if method == "GET":
             methods.setdefault("HEAD", handler)
 
+    def handler(self, method: str, path: str) -> Handler | None:
+        """The handler of an exact (method, path) route, or None."""
+        return self._routes.get(path, {}).get(method)
+
     def routes(self) -> list[tuple[str, str]]:
         """Every (method, path) served, for tests that must cover each route."""
         exact = [(method, path) for path, methods in self._routes.items() for method in methods]

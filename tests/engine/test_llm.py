@@ -82,7 +82,7 @@ def test_refusals_name_the_problem(llm):
         llm.generate({"prompt_token_ids": too_long}, GREEDY)
     with pytest.raises(ValueError, match="max_tokens"):
         llm.generate("Hello", SamplingParams(max_tokens=400))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="Token id 99999 is out of vocabulary"):
         llm.generate({"prompt_token_ids": [1, 99999]}, GREEDY)
     with pytest.raises(ValueError, match="empty"):
         llm.generate({"prompt_token_ids": []}, GREEDY)

@@ -55,7 +55,8 @@ def test_logprobs_match_transformers(llm, model_dir):
 
 
 def test_logprobs_above_the_cap_are_refused(llm):
-    with pytest.raises(ValueError, match="logprobs must be at most 20"):
+    # vLLM's wording
+    with pytest.raises(ValueError, match="sample logprobs of 21, which is greater than max allowed: 20"):
         llm.generate(PROMPT, SamplingParams(logprobs=21))
-    with pytest.raises(ValueError, match="prompt_logprobs must be at most 20"):
+    with pytest.raises(ValueError, match="prompt logprobs of 50, which is greater than max allowed: 20"):
         llm.generate(PROMPT, SamplingParams(prompt_logprobs=50))

@@ -18,6 +18,7 @@ from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
+from pyserve.model.loader import fill_parameter
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -163,12 +164,6 @@ class LlamaForCausalLM(nn.Module):
             param = params.get(target)
             if param is None:
                 continue  # tensors the model does not use (e.g. extra heads)
-            loader = getattr(param, "weight_loader", None)
-            if loader is None:
-                param.data.copy_(tensor[...])
-            elif shard is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, shard)
+            fill_parameter(param, tensor, shard)
             loaded.add(target)
         return loaded

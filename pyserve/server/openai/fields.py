@@ -27,18 +27,19 @@ _COMMON = {
     "truncate_prompt_tokens", "add_special_tokens", "response_format", "structured_outputs",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "best_of", "allowed_token_ids", "bad_words",
+    "truncation_side", "return_token_ids", "return_tokens_as_token_ids",
 }
 IMPLEMENTED = {
     "completions": _COMMON | {"prompt", "echo", "suffix"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                        "add_generation_prompt", "continue_final_message", "documents", "chat_template",
-                       "chat_template_kwargs", "parallel_tool_calls", "include_reasoning"},
+                       "chat_template_kwargs", "parallel_tool_calls", "include_reasoning", "echo"},
 }
 NO_EFFECT = {"user", "store", "metadata", "service_tier"}
 # field -> its default: anything else is refused
 REFUSED_UNLESS_DEFAULT = {
     "use_beam_search": False, "length_penalty": 1.0, "logits_processors": None,
-    "return_tokens_as_token_ids": None, "return_token_ids": None, "cache_salt": None,
+    "cache_salt": None,
     "kv_transfer_params": None, "vllm_xargs": None, "mm_processor_kwargs": None,
     "prompt_embeds": None, "echo_chat": None, "reasoning_effort": None, "audio": None,
     "modalities": None, "prediction": None, "functions": None, "function_call": None,
@@ -47,7 +48,7 @@ REFUSED_UNLESS_DEFAULT = {
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields
 _ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice": None,
                                   "max_completion_tokens": None},
-                  "chat": {"prompt": None, "suffix": None, "echo": False}}
+                  "chat": {"prompt": None, "suffix": None}}
 
 
 def check_fields(body: dict, route: str) -> None:

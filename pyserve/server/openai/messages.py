@@ -9,8 +9,6 @@ import orjson
 
 from pyserve.server.errors import APIError
 
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
 
 def load_template(value: str | None) -> str | None:
     if value is None:
@@ -21,14 +19,16 @@ def load_template(value: str | None) -> str | None:
 
 def template_messages(body: dict) -> list[dict]:
     """The conversation as plain data for the template: text parts joined with newlines (as
-    vLLM joins them), tool calls and tool results passed through."""
+    vLLM joins them), tool calls and tool results passed through. Any role is the template's
+    to read, as vLLM's custom message type lets it be (OpenAI's six roles are not the only
+    ones templates know: "ipython", "observation", ...)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", "messages")
     cleaned = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise APIError(400, f"messages[{i}] needs a role, one of {', '.join(ROLES)}", "messages")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise APIError(400, f"messages[{i}] needs a role (a non-empty string)", "messages")
         content = m.get("content")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -30,6 +30,10 @@ _UNIMPLEMENTED = ("allowed_token_ids", "bad_words")
 
 
 def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, float) and abs(value) >= 2**63:
+        # the JSON parser reads an integer beyond 64 bits as a float (-2**63 - 1 rounds to
+        # -2**63): an integer's range cannot be trusted through it
+        raise APIError(400, f"'{name}' is out of the 64-bit integer range", name)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     elif isinstance(value, str) and _INT_TEXT.fullmatch(value):
@@ -96,6 +100,26 @@ def _check_caps(values: dict) -> None:
         values["stop_token_ids"] = [_as_int("stop_token_ids", t) for t in values["stop_token_ids"]]
 
 
+def _logit_bias(bias: dict) -> dict[int, float]:
+    """vLLM's reading: keys are token ids (JSON keys are strings), values are clamped to
+    OpenAI's [-100, 100]; a 400 names every key that is not a token id."""
+    bad = [k for k in bias if not _INT_TEXT.fullmatch(str(k))]
+    if bad:
+        raise APIError(400, "logit_bias keys must be token ids (integers); not token ids: "
+                       + ", ".join(repr(k) for k in bad), "logit_bias")
+    out = {}
+    for k, v in bias.items():
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            value = float(v)
+        except (TypeError, ValueError):
+            raise APIError(400, f"logit_bias for token {int(k)} must be a number, got {v!r}",
+                           "logit_bias") from None
+        out[int(k)] = min(100.0, max(-100.0, value))
+    return out
+
+
 def check_unsupported(body: dict, stream: bool) -> None:
     """What vLLM refuses, or what would change the output in a way pyserve cannot honour."""
     best_of = field(body, "best_of", int)
@@ -130,6 +154,8 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
     max_tokens: -1 reads it from the body."""
     values = {name: field(body, name, kind) for name, kind in _FIELDS.items()}
     values = {k: v for k, v in values.items() if v is not None}
+    if values.get("logit_bias"):
+        values["logit_bias"] = _logit_bias(values["logit_bias"])
     _check_caps(values)
     if max_tokens == -1:
         max_tokens = requested_max_tokens(body, chat)

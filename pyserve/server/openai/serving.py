@@ -18,14 +18,15 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import (check_unsupported, field, requested_max_tokens,
                                           sampling_params)
-from pyserve.server.openai.chat_output import ChoiceOutput, merge_delta
+from pyserve.server.openai import objects
+from pyserve.server.openai.chat_output import ChoiceOutput
 from pyserve.server.openai.fields import check_fields
-from pyserve.server.openai.logprobs import choice_logprobs, echoed, shape_prompt_logprobs
+from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import load_template, template_messages, tool_mode
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
-from pyserve.server.openai.streaming import chunk_dicts, stream_chunks, usage_counts
+from pyserve.server.openai.streaming import chunk_dicts, stream_chunks
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 logger = logging.getLogger("pyserve.requests")
@@ -83,18 +84,29 @@ class OpenAIServing:
         if model not in (None, "") and model not in self.names:  # "" means the served model, as in vLLM
             raise APIError(404, f"the model '{model}' does not exist", "model")
 
-    def _truncation(self, body: dict) -> int | None:
-        """vLLM's truncate_prompt_tokens: how many last prompt tokens to keep (-1: the model
-        length); None keeps them all."""
+    def _truncation(self, body: dict, max_tokens: int | None):
+        """vLLM's truncate_prompt_tokens and truncation_side: a function cutting a prompt's ids
+        to the kept ones (the last k, "left", the default; the first k, "right"); -1 keeps
+        what fits beside max_tokens. None when the prompt is kept whole."""
         k = field(body, "truncate_prompt_tokens", int)
+        side = field(body, "truncation_side", str, "left")
+        if side not in ("left", "right"):
+            raise APIError(400, f"truncation_side must be \"left\" or \"right\", got {side!r}",
+                           "truncation_side")
         if k is None:
             return None
         if k < -1 or k == 0:
             raise APIError(400, f"truncate_prompt_tokens must be -1 or positive, got {k}",
                            "truncate_prompt_tokens")
-        return self.engine.max_model_len if k == -1 else k
+        room = self.engine.max_model_len - (max_tokens or 0)
+        if k > room:  # vLLM's check and words
+            raise APIError(400, f"truncate_prompt_tokens={k} cannot be greater than max_model_len "
+                           f"- max_tokens = {room}. Please request a smaller truncation size.",
+                           "truncate_prompt_tokens")
+        keep = room if k == -1 else k
+        return (lambda ids: ids[-keep:]) if side == "left" else (lambda ids: ids[:keep])
 
-    async def _prompts(self, body: dict) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, body: dict, max_tokens: int | None) -> list[tuple[str | None, list[int]]]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -106,7 +118,7 @@ class OpenAIServing:
             raise APIError(400, "'prompt' must be a non-empty string, token list, or a list of them",
                            "prompt")
         add_special = field(body, "add_special_tokens", bool, True)
-        keep = self._truncation(body)
+        cut = self._truncation(body, max_tokens)
         out = []
         for p in prompts:
             if isinstance(p, str):
@@ -115,12 +127,13 @@ class OpenAIServing:
                 text, ids = None, list(p)
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
-            if keep is not None and len(ids) > keep:
-                text, ids = None, ids[-keep:]  # the text no longer matches the ids
+            if cut is not None and len(cut(ids)) < len(ids):
+                text, ids = None, cut(ids)  # the text no longer matches the ids
             out.append((text, ids))
         return out
 
-    async def _chat_prompt(self, body: dict, tools: list | None) -> list[int]:
+    async def _chat_prompt(self, body: dict, tools: list | None,
+                           max_tokens: int | None = None) -> list[int]:
         cleaned = template_messages(body)
         kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
         own = field(body, "chat_template", str)
@@ -153,8 +166,8 @@ class OpenAIServing:
                 ids = await asyncio.get_running_loop().run_in_executor(None, render)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
-        keep = self._truncation(body)
-        return ids if keep is None else ids[-keep:]
+        cut = self._truncation(body, max_tokens)
+        return ids if cut is None else cut(ids)
 
     # -- generation ------------------------------------------------------------------------------
     def _start(self, prompts, params, request_id: str, priority: int, client_id: bool) -> list:
@@ -195,6 +208,9 @@ class OpenAIServing:
 
     async def completions(self, request: Request) -> Response | StreamingResponse:
         body = self.parse_body(request)
+        if body.get("prompt") in (None, "", []) and body.get("prompt_embeds") in (None, []):
+            raise APIError(400, "Either prompt or prompt_embeds must be provided and non-empty.",
+                           "prompt")  # vLLM's words, which clients match on
         stream = field(body, "stream", bool, False)
         check_fields(body, "completions")
         check_unsupported(body, stream)
@@ -208,7 +224,7 @@ class OpenAIServing:
         if echo and logprobs is not None and params.prompt_logprobs is None:
             params = dataclasses.replace(params, prompt_logprobs=logprobs)  # echoed tokens are scored
         params = await self._constrained(body, params)
-        prompts = await self._prompts(body)
+        prompts = await self._prompts(body, max_tokens)
         return await self._respond(request, body, prompts, params, stream, chat=False,
                                    echo=echo, echo_only=echo_only)
 
@@ -223,8 +239,8 @@ class OpenAIServing:
         check_fields(body, "chat")
         check_unsupported(body, stream)
         top_logprobs = field(body, "top_logprobs", int)
-        if top_logprobs is not None and top_logprobs < 0:
-            raise APIError(400, f"top_logprobs must be non-negative, got {top_logprobs}", "top_logprobs")
+        if top_logprobs is not None and top_logprobs < -1:  # -1: the whole vocabulary
+            raise APIError(400, "`top_logprobs` must be a positive value or -1.", "top_logprobs")
         wants_logprobs = field(body, "logprobs", bool, False)
         if top_logprobs and not wants_logprobs:
             raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
@@ -235,11 +251,16 @@ class OpenAIServing:
         choice = body.get("tool_choice")
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
         params = await self._constrained(body, params, forced)
-        prompt = await self._chat_prompt(body, tools)
+        prompt = await self._chat_prompt(body, tools, requested_max_tokens(body, chat=True))
         # vLLM: the response speaks as --response-role after a generation prompt, else it
         # continues the last message's role
+        last = body["messages"][-1]
         role = (self.config.response_role if field(body, "add_generation_prompt", bool, True)
-                else body["messages"][-1]["role"])
+                else last["role"])
+        # echo: the reply leads with the last message, when it is the reply's own role's
+        # (a final assistant message it continues)
+        echo = field(body, "echo", bool, False) and last["role"] == role
+        echo_text = (template_messages({"messages": [last]})[0]["content"] or None) if echo else None
         name = forced_tool_name(choice) if mode == "named" else None
         thinking = field(field(body, "chat_template_kwargs", dict, {}), "enable_thinking", bool, True)
         include_reasoning = field(body, "include_reasoning", bool, True)
@@ -248,7 +269,7 @@ class OpenAIServing:
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
             self._reasoning_parser(thinking), include_reasoning, parallel)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
-                                   role=role, output=output, as_data=as_data)
+                                   role=role, output=output, as_data=as_data, chat_echo=echo_text)
 
     def _tool_parser(self, tools):
         from pyserve.server.openai.tool_parsers import tool_parser
@@ -282,7 +303,7 @@ class OpenAIServing:
 
     async def _respond(self, request, body, prompts, params, stream: bool, chat: bool,
                        echo: bool = False, echo_only: bool = False, role: str = "assistant",
-                       output=ChoiceOutput, as_data: bool = False):
+                       output=ChoiceOutput, as_data: bool = False, chat_echo: str | None = None):
         # everything that can refuse the request is read before any prompt is admitted
         priority = field(body, "priority", int, 0)
         include_usage = continuous = False
@@ -291,6 +312,9 @@ class OpenAIServing:
             if options is not None:  # vLLM (and OpenAI): usage only when asked for
                 include_usage = field(options, "include_usage", bool, False)
                 continuous = include_usage and field(options, "continuous_usage_stats", bool, False)
+        return_token_ids = field(body, "return_token_ids", bool, False)
+        as_token_ids = field(body, "return_tokens_as_token_ids", bool,
+                             self.config.return_tokens_as_token_ids)
         base, client_id = self._base_id(request, body)
         request_id = ("chatcmpl-" if chat else "cmpl-") + base
         streams = self._start(prompts, params, request_id, priority, client_id)
@@ -299,10 +323,12 @@ class OpenAIServing:
                 "output": output,  # chat: () -> a choice's ChoiceOutput
                 "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
                 "prompt_ids": [ids for _, ids in prompts], "echo_only": echo_only,
-                "logprobs": params.logprobs,
-                # completions' echo: the prompt text leads each choice's text
-                "echo": [text if text is not None else self.tokenizer.decode(ids)
-                         for text, ids in prompts] if echo else None}
+                "logprobs": params.logprobs, "return_token_ids": return_token_ids,
+                "as_token_ids": as_token_ids, "chat_echo": chat_echo,
+                # completions' echo: the prompt text leads each choice's text (vLLM: none
+                # with return_token_ids, which carries the prompt's ids instead)
+                "echo": [("" if return_token_ids else text if text is not None
+                          else self.tokenizer.decode(ids)) for text, ids in prompts] if echo else None}
         if stream:
             if as_data:
                 return chunk_dicts(self, streams, meta, include_usage, continuous)
@@ -324,11 +350,13 @@ class OpenAIServing:
             for c in final.outputs:
                 # generated tokens, shown or not (echo with max_tokens 0 generates one, as vLLM counts)
                 completion_tokens += len(c.token_ids)
-                choice = self.choice(meta, p * meta["n"] + c.index, c, final=True,
-                                     output=meta["output"]() if meta["chat"] else None)
+                choice = objects.choice(meta, p * meta["n"] + c.index, c, True, self.tokenizer,
+                                        output=meta["output"]() if meta["chat"] else None)
                 if meta["echo"] is not None:
                     choice["text"], choice["logprobs"] = echoed(meta, p, c, final.prompt_logprobs,
                                                                self.tokenizer)
+                if not meta["chat"] and meta["return_token_ids"]:
+                    choice["prompt_token_ids"] = meta["prompt_ids"][p]
                 if final.prompt_logprobs is not None:
                     shaped = shape_prompt_logprobs(final.prompt_logprobs)
                     if meta["chat"]:
@@ -337,12 +365,8 @@ class OpenAIServing:
                         choice["prompt_logprobs"] = shaped
                 choices.append(choice)
         prompt_tokens = sum(meta["prompt_tokens"])
-        response = {"id": meta["id"], "object": "chat.completion" if meta["chat"] else "text_completion",
-                    "created": meta["created"], "model": meta["model"], "choices": choices,
-                    "usage": self.usage(prompt_tokens, completion_tokens, meta)}
-        if meta["chat"] and prompt_logprobs is not None:
-            response["prompt_logprobs"] = prompt_logprobs
-        return response
+        return objects.response(meta, choices, self.usage(prompt_tokens, completion_tokens, meta),
+                                prompt_logprobs)
 
     async def tokenize(self, request: Request) -> Response:
         body = self.parse_body(request)
@@ -368,33 +392,9 @@ class OpenAIServing:
             raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
         return _json({"prompt": self.tokenizer.decode(tokens)})
 
-    def choice(self, meta, index: int, c, final: bool, output: ChoiceOutput | None = None) -> dict:
-        """A choice of a response (final) or of a chunk. Chat: output shapes the text into
-        content, reasoning and tool calls (per choice; a chunk's delta may come out empty)."""
-        choice = {"index": index, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                  "logprobs": choice_logprobs(c, meta["chat"], meta["logprobs"] or 0,
-                                                self.tokenizer)}
-        if meta["chat"]:
-            output = output or ChoiceOutput()
-            if final:
-                # a whole message lists its tool calls ([] when none, as vLLM's: clients read
-                # an absent list as None)
-                choice["message"] = {"role": meta["role"], **output.whole(c.text)}
-            else:
-                delta = output.delta(c.text)
-                if c.finish_reason is not None:
-                    merge_delta(delta, output.finish())
-                choice["delta"] = delta
-            choice["finish_reason"] = output.finish_reason(c.finish_reason)
-        else:
-            choice["text"] = c.text
-        return choice
-
     def usage(self, prompt_tokens: int, completion_tokens: int, meta: dict) -> dict:
         """A response's usage; with --enable-prompt-tokens-details, the prompt tokens the
-        prefix cache served (vLLM fills the details only when some were)."""
-        usage = usage_counts(prompt_tokens, completion_tokens)
-        cached = sum(meta["cached_tokens"])
-        if self.config.enable_prompt_tokens_details and cached:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached}
-        return usage
+        prefix cache served (vLLM 0.32 reports them whenever the flag is on, 0 included; over
+        several prompts pyserve sums them, where vLLM reports one prompt's)."""
+        cached = sum(meta["cached_tokens"]) if self.config.enable_prompt_tokens_details else None
+        return objects.usage(prompt_tokens, completion_tokens, cached)

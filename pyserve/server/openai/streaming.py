@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from pyserve.server.errors import error_body
+from pyserve.server.openai import objects
 from pyserve.server.openai.logprobs import completion_logprobs, echoed
 
 
@@ -17,6 +18,7 @@ def sse(obj) -> bytes:
 
 
 def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
+    """A chunk's running usage (continuous_usage_stats)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
@@ -35,8 +37,10 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
 
 async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,
                       continuous_usage: bool) -> AsyncIterator[dict]:
-    """A streamed response's chunks as data: per choice a role chunk (chat), then one chunk
-    per engine output, optional usage; an engine failure ends it with {"error": {...}}.
+    """A streamed response's chunks as data: per choice a role chunk (chat; with echo, then
+    the echoed message), then one chunk per engine output, optional usage; an engine failure
+    ends it with {"error": {...}}. A choice's first chunk carries its prompt's token ids
+    (return_token_ids: completions in the choice, chat at the chunk's top level).
     However it ends (a client gone, an engine failure) every prompt's request is discarded,
     so nothing keeps running. (Other APIs translate these chunks into their own events.)"""
     queue: asyncio.Queue = asyncio.Queue()
@@ -74,39 +78,41 @@ async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,
             for c in out.outputs:
                 index = p * meta["n"] + c.index
                 prompt_tokens = meta["prompt_tokens"][p]
-                if meta["chat"] and index not in started:
-                    started.add(index)
-                    role = {**head, "choices": [{"index": index, "logprobs": None, "finish_reason": None,
-                                                 "delta": {"role": meta["role"], "content": ""}}]}
-                    if continuous_usage:
-                        role["usage"] = usage_counts(prompt_tokens, 0)
-                    yield role
-                if meta["chat"] and index not in outputs:
+                first = index not in started
+                started.add(index)
+                if meta["chat"] and first:
+                    for opening in objects.chat_opening(meta, head, index, p):
+                        if continuous_usage:
+                            opening["usage"] = usage_counts(prompt_tokens, 0)
+                        yield opening
                     outputs[index] = meta["output"]()
-                choice = serving.choice(meta, index, c, final=False, output=outputs.get(index))
-                if meta["echo"] is not None and index not in started:
-                    started.add(index)
+                choice = objects.choice(meta, index, c, False, serving.tokenizer,
+                                        output=outputs.get(index))
+                if meta["echo"] is not None and first:
                     choice["text"], choice["logprobs"] = echoed(
                         meta, p, c, prompt_logprobs.get(p), serving.tokenizer)
                 elif meta["echo_only"]:
                     choice["text"], choice["logprobs"] = "", None
                 elif not meta["chat"] and c.logprobs is not None:
                     choice["logprobs"] = completion_logprobs(
-                        c.token_ids, c.logprobs, serving.tokenizer, text_offsets.get(index, 0))
+                        c.token_ids, c.logprobs, serving.tokenizer, text_offsets.get(index, 0),
+                        meta["as_token_ids"])
+                if not meta["chat"] and first and meta["return_token_ids"]:
+                    choice["prompt_token_ids"] = meta["prompt_ids"][p]
                 lp = choice["logprobs"] if not meta["chat"] else None
                 if lp and lp["tokens"]:  # offsets follow the tokens, not the text held back for stop strings
                     text_offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 generated[index] = generated.get(index, 0) + len(c.token_ids)
                 if meta["chat"] and not choice["delta"] and choice["finish_reason"] is None \
-                        and choice["logprobs"] is None:
+                        and choice["logprobs"] is None and not meta["return_token_ids"]:
                     continue  # text held back (a marker's start, a call's unfinished list)
                 chunk = {**head, "choices": [choice]}
                 if continuous_usage:
                     chunk["usage"] = usage_counts(prompt_tokens, generated[index])
                 yield chunk
-        if include_usage:
-            yield {**head, "choices": [], "usage": serving.usage(
-                sum(meta["prompt_tokens"]), sum(generated.values()), meta)}
+        if include_usage:  # vLLM drops its nulls (prompt_tokens_details without the flag)
+            usage = serving.usage(sum(meta["prompt_tokens"]), sum(generated.values()), meta)
+            yield {**head, "choices": [], "usage": {k: v for k, v in usage.items() if v is not None}}
     finally:
         for t in tasks:
             t.cancel()

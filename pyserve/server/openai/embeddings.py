@@ -1,0 +1,192 @@
+"""POST /v1/embeddings (OpenAI's shapes) and /pooling (vLLM's), on the same engine and batches
+as generation: each input is one pooling request (engine/pooling.py).
+
+`input` is a string, a list of strings, a list of token ids or a list of such lists; or, as
+vLLM's chat form, `messages` rendered by the chat template (without a generation prompt unless
+asked). At most MAX_INPUTS inputs a request, refused before anything is tokenized. Inputs
+longer than the model are a 400, unless truncate_prompt_tokens keeps their last (or, with
+truncation_side "right", first) tokens. encoding_format "base64" is the little-endian float32
+bytes of each vector, as OpenAI's SDK decodes them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+import uuid
+
+import orjson
+
+from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
+from pyserve.errors import InvalidRequest
+from pyserve.pooling_params import PoolingParams
+from pyserve.server.errors import APIError
+from pyserve.server.http import Request, Response
+from pyserve.server.openai.params import field
+
+logger = logging.getLogger("pyserve.requests")
+
+MAX_INPUTS = 2048  # OpenAI's cap on inputs in one embeddings request
+_OFF_LOOP_CHARS = 20_000  # a batch with more text than this is tokenized off the event loop
+
+# fields each route reads; vLLM's others that pyserve does not implement are refused (400),
+# unknown ones logged and ignored, as vLLM ignores them
+_FIELDS = {"model", "input", "messages", "encoding_format", "dimensions", "user",
+           "truncate_prompt_tokens", "truncation_side", "add_special_tokens", "priority",
+           "request_id", "normalize", "use_activation", "embed_dtype", "endianness",
+           "chat_template", "chat_template_kwargs", "add_generation_prompt",
+           "continue_final_message"}
+_POOLING_FIELDS = _FIELDS | {"task"}
+_REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds")
+
+
+class OpenAIServingEmbedding:
+    def __init__(self, engine: AsyncEngine, serving):
+        """serving: the OpenAIServing whose body parsing, tokenizing and chat template
+        these routes share."""
+        self.engine = engine
+        self.serving = serving
+
+    async def embeddings(self, request: Request) -> Response:
+        body = self.serving.parse_body(request)
+        task = "embed"
+        params, fmt = self._params(body, _FIELDS, task)
+        rows = await self._run(request, body, params, "embd-")
+        data = [{"index": i, "object": "embedding", "embedding": _encode(pooled, fmt)}
+                for i, pooled in enumerate(rows["pooled"])]
+        return self._response(rows, data)
+
+    async def pooling(self, request: Request) -> Response:
+        """vLLM's /pooling: `task` "token_embed" (the default: every token's final hidden
+        state) or "embed" (the pooled vector, as /v1/embeddings)."""
+        body = self.serving.parse_body(request)
+        task = field(body, "task", str, "token_embed")
+        params, fmt = self._params(body, _POOLING_FIELDS, task)
+        rows = await self._run(request, body, params, "pool-")
+        data = [{"index": i, "object": "pooling", "data": _encode(pooled, fmt)}
+                for i, pooled in enumerate(rows["pooled"])]
+        return self._response(rows, data)
+
+    # -- request parsing -----------------------------------------------------------------------
+    def _params(self, body: dict, known: set[str], task: str) -> tuple[PoolingParams, str]:
+        for name in _REFUSED:
+            if body.get(name) is not None:
+                raise APIError(400, f"'{name}' is not supported by pyserve's pooling routes", name)
+        unknown = sorted(set(body) - known)
+        if unknown:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           unknown)
+        fmt = field(body, "encoding_format", str, "float")
+        if fmt not in ("float", "base64"):
+            raise APIError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}",
+                           "encoding_format")
+        if field(body, "embed_dtype", str, "float32") != "float32":
+            raise APIError(400, "embed_dtype: pyserve returns float32 embeddings only", "embed_dtype")
+        if field(body, "endianness", str, "native") not in ("native", "little"):
+            raise APIError(400, "endianness: pyserve encodes little-endian floats only", "endianness")
+        field(body, "user", str)  # accepted, as OpenAI's: it names the end user, nothing more
+        normalize = field(body, "normalize", bool)
+        activation = field(body, "use_activation", bool)  # vLLM's newer name for the same
+        if normalize is None:
+            normalize = activation
+        try:
+            params = PoolingParams(task, normalize, field(body, "dimensions", int))
+        except InvalidRequest as exc:
+            raise APIError(400, exc.message, exc.param) from None
+        return params, fmt
+
+    async def _inputs(self, body: dict) -> list[tuple[str | None, list[int]]]:
+        if body.get("messages") is not None:
+            if body.get("input") is not None:
+                raise APIError(400, "give either 'input' or 'messages', not both", "messages")
+            chat = dict(body)
+            chat.setdefault("add_generation_prompt", False)  # vLLM's default for embeddings
+            return [(None, await self.serving._chat_prompt(chat, None))]
+        raw = body.get("input")
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and _token_list(raw)):
+            items = [raw]
+        elif isinstance(raw, list) and raw:
+            items = raw
+        else:
+            raise APIError(400, "'input' must be a non-empty string, a list of strings, a list of "
+                           "token ids, or a list of token-id lists", "input")
+        if len(items) > MAX_INPUTS:  # before any tokenizing
+            raise APIError(400, f"'input' holds {len(items)} inputs; at most {MAX_INPUTS} may be "
+                           "embedded in one request", "input")
+        for item in items:
+            if not (isinstance(item, str) or (isinstance(item, list) and _token_list(item))):
+                raise APIError(400, "'input' entries must be strings or lists of token ids", "input")
+        add_special = field(body, "add_special_tokens", bool, True)
+        texts = [item for item in items if isinstance(item, str)]
+        encode = lambda: [self.serving.tokenizer.encode(t, add_special_tokens=add_special)  # noqa: E731
+                          for t in texts]
+        if sum(map(len, texts)) > _OFF_LOOP_CHARS:
+            encoded = iter(await asyncio.get_running_loop().run_in_executor(None, encode))
+        else:
+            encoded = iter(encode())
+        out = [(item, next(encoded)) if isinstance(item, str) else (None, list(item))
+               for item in items]
+        return [self._truncated(body, text, ids) for text, ids in out]
+
+    def _truncated(self, body: dict, text: str | None, ids: list[int]):
+        cut = self.serving._truncation(body, None)  # truncate_prompt_tokens, truncation_side
+        if cut is None:
+            return text, ids
+        kept = cut(ids)
+        return (text if len(kept) == len(ids) else None), kept  # a cut text no longer matches
+
+    # -- running -------------------------------------------------------------------------------
+    async def _run(self, request: Request, body: dict, params: PoolingParams, prefix: str) -> dict:
+        inputs = await self._inputs(body)
+        priority = field(body, "priority", int, 0)
+        max_queued = self.serving.max_queued
+        if max_queued is not None and self.engine.num_waiting() + len(inputs) > max_queued:
+            raise APIError(429, f"the server's queue is full ({max_queued} waiting requests); "
+                           "retry later", headers=[("retry-after", "1")])
+        base, client_id = self.serving._base_id(request, body)
+        request_id = prefix + base
+        streams = []
+        try:
+            try:
+                for i, (text, ids) in enumerate(inputs):
+                    rid = f"{request_id}-{i}" + (f"-{uuid.uuid4().hex[:8]}" if client_id else "")
+                    streams.append((rid, self.engine.add_pooling_request(ids, params, rid, text,
+                                                                         priority)))
+            except InvalidRequest as exc:
+                raise APIError(400, exc.message, exc.param) from None
+            except EngineDeadError as exc:
+                raise APIError(503, str(exc)) from None
+            pooled = []
+            for _, stream in streams:
+                final = None
+                async for final in stream:
+                    pass
+                if final is None or final.pooled is None:
+                    raise APIError(500, "the request was aborted before its embedding was computed")
+                pooled.append(final.pooled)
+        except EngineDeadError as exc:
+            raise APIError(503, str(exc)) from None
+        finally:  # the client went away, a refusal, or done: nothing may keep running
+            for rid, _ in streams:
+                self.engine.discard(rid)
+        return {"id": request_id, "pooled": pooled,
+                "prompt_tokens": sum(len(ids) for _, ids in inputs)}
+
+    def _response(self, rows: dict, data: list[dict]) -> Response:
+        tokens = rows["prompt_tokens"]
+        return Response(200, orjson.dumps({
+            "id": rows["id"], "object": "list", "created": int(time.time()),
+            "model": self.serving.model_name, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None}}))
+
+
+def _token_list(value: list) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _encode(pooled, fmt: str):
+    if fmt == "base64":
+        return base64.b64encode(pooled.numpy().astype("<f4").tobytes()).decode("ascii")
+    return pooled.tolist()

@@ -1,0 +1,36 @@
+"""POST /invocations: SageMaker's one entry point, handing the body to the route it is written for.
+
+vLLM (vllm/entrypoints/sagemaker/api_router.py) tries its request types in a fixed order and
+serves the first the body validates as: chat completions, then completions, then embeddings
+(where the server has them); no match is a 400 naming the types it expected. Here the field
+each type requires decides, in the same order: `messages` -> chat, `prompt` -> completions,
+`input` -> embeddings. The route's own handler then checks the rest of the body, so a
+malformed chat request gets the chat route's 400, not a vaguer one."""
+
+from __future__ import annotations
+
+from pyserve.server.errors import APIError
+from pyserve.server.http import Request, Response, StreamingResponse
+from pyserve.server.openai.serving import json_object
+
+# (the field that picks the route, the route, vLLM's name for its request type)
+TARGETS = (("messages", "/v1/chat/completions", "ChatCompletionRequest"),
+           ("prompt", "/v1/completions", "CompletionRequest"),
+           ("input", "/v1/embeddings", "EmbeddingCompletionRequest"))
+
+
+class Invocations:
+    def __init__(self, router):
+        self.router = router  # looked up per request: every route is registered by then
+
+    async def __call__(self, request: Request) -> Response | StreamingResponse:
+        body = json_object(request)
+        served = [(key, path, name) for key, path, name in TARGETS
+                  if self.router.handler("POST", path) is not None]
+        for key, path, _ in served:
+            if key in body:
+                return await self.router.handler("POST", path)(request)
+        expected = [name for _, _, name in served]
+        raise APIError(400, "Cannot find suitable handler for request. Expected one of: "
+                       f"{expected} (a body with "
+                       f"{' or '.join(repr(key) for key, _, _ in served)})")

@@ -1,0 +1,223 @@
+"""/v1/embeddings and /pooling end to end: the real `openai` SDK (and raw HTTP) over a socket,
+against a server on the default model (a decoder that also chats) and one on a tiny random
+BERT in a sentence-transformers directory; references are transformers' final-norm hidden
+states and sentence-transformers' encode on the same weights."""
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .server import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+KEY = "embeddings-test-key"
+TEXTS = ["The capital of France is Paris.", "Continuous batching", "a"]
+
+
+def post(url: str, path: str, body: dict, key: str | None = KEY, method: str = "POST"):
+    """(status, JSON body) of a raw request."""
+    headers = {"content-type": "application/json"}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + path, json.dumps(body).encode() if body is not None
+                                     else None, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir):
+    srv = ServerProcess("--served-model-name", MODEL, "--api-key", KEY, "--max-model-len", "512")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    """text -> transformers' final-norm hidden state of its last token, L2-normalised (vLLM's
+    pooling of a causal LM), tokenized as the server does."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_model_dir))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32)
+
+    def embed(text: str) -> torch.Tensor:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            hidden = model(ids, output_hidden_states=True).hidden_states[-1][0, -1]
+        return F.normalize(hidden, dim=-1)
+    return embed
+
+
+def vectors(response) -> torch.Tensor:
+    return torch.tensor([d.embedding for d in response.data])
+
+
+def test_decoder_embeddings_equal_transformers(client, reference):
+    out = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    assert out.object == "list" and out.model == MODEL and len(out.data) == 3
+    assert [d.index for d in out.data] == [0, 1, 2] and all(d.object == "embedding" for d in out.data)
+    got = vectors(out)
+    for text, row in zip(TEXTS, got):
+        assert F.cosine_similarity(row, reference(text), dim=0) > 1 - 1e-4
+        assert abs(row.norm().item() - 1) < 1e-5
+    assert out.usage.prompt_tokens == out.usage.total_tokens > 0
+
+
+def test_base64_equals_float_and_a_batch_equals_its_items(client, server):
+    floats = vectors(client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float"))
+    # the SDK asks for base64 when no format is given, and decodes it
+    decoded = vectors(client.embeddings.create(model=MODEL, input=TEXTS))
+    torch.testing.assert_close(decoded, floats, atol=0, rtol=0)
+    status, raw = post(server.url, "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64"})
+    assert status == 200
+    little = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    torch.testing.assert_close(torch.from_numpy(little.copy()), floats[0], atol=0, rtol=0)
+    for text, row in zip(TEXTS, floats):
+        alone = vectors(client.embeddings.create(model=MODEL, input=text, encoding_format="float"))[0]
+        torch.testing.assert_close(alone, row, atol=1e-5, rtol=0)
+
+
+def test_token_id_inputs_and_usage(server, client):
+    tokenizer_ids = post(server.url, "/tokenize", {"prompt": TEXTS[0]})[1]["tokens"]
+    by_text = vectors(client.embeddings.create(model=MODEL, input=TEXTS[0], encoding_format="float"))
+    by_ids = client.embeddings.create(model=MODEL, input=tokenizer_ids, encoding_format="float")
+    torch.testing.assert_close(vectors(by_ids)[0], by_text[0], atol=1e-6, rtol=0)
+    assert by_ids.usage.prompt_tokens == len(tokenizer_ids)
+    two = client.embeddings.create(model=MODEL, input=[tokenizer_ids, tokenizer_ids[:3]],
+                                   encoding_format="float", user="someone")
+    assert len(two.data) == 2 and two.usage.prompt_tokens == len(tokenizer_ids) + 3
+
+
+def test_one_server_chats_and_embeds(client):
+    chat = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0,
+                                          messages=[{"role": "user", "content": "Hi"}])
+    assert chat.choices[0].message.content
+    models = client.models.list().data
+    assert models[0].supported_tasks == ["generate", "embed", "token_embed"]
+
+
+def test_the_chat_form_embeds_the_rendered_conversation(server, client):
+    messages = [{"role": "user", "content": "Hello there"}]
+    status, out = post(server.url, "/v1/embeddings", {"messages": messages})
+    assert status == 200 and len(out["data"]) == 1
+    rendered = post(server.url, "/tokenize", {"messages": messages,
+                                             "add_generation_prompt": False})[1]["tokens"]
+    direct = vectors(client.embeddings.create(model=MODEL, input=rendered, encoding_format="float"))[0]
+    torch.testing.assert_close(torch.tensor(out["data"][0]["embedding"]), direct, atol=1e-6, rtol=0)
+
+
+def test_pooling_returns_every_tokens_hidden_state(server, client):
+    ids = post(server.url, "/tokenize", {"prompt": TEXTS[1]})[1]["tokens"]
+    status, out = post(server.url, "/pooling", {"input": TEXTS[1]})
+    assert status == 200 and out["data"][0]["object"] == "pooling"
+    per_token = torch.tensor(out["data"][0]["data"])
+    assert per_token.shape == (len(ids), 576)
+    embedding = vectors(client.embeddings.create(model=MODEL, input=TEXTS[1], encoding_format="float"))[0]
+    torch.testing.assert_close(per_token[-1], embedding, atol=1e-5, rtol=0)
+    status, pooled = post(server.url, "/pooling", {"input": TEXTS[1], "task": "embed"})
+    torch.testing.assert_close(torch.tensor(pooled["data"][0]["data"]), embedding, atol=1e-5, rtol=0)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(client):
+    long = "word " * 600  # beyond --max-model-len 512
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.embeddings.create(model=MODEL, input=long)
+    cut = client.embeddings.create(model=MODEL, input=long, encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 100})
+    assert cut.usage.prompt_tokens == 100
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": []}, "input"),
+    ({"input": ""}, "input"),
+    ({"input": [1.5]}, "input"),
+    ({"input": {"text": "x"}}, "input"),
+    ({"input": ["ok", 3]}, "input"),
+    ({"input": ["x"] * 2049}, "input"),
+    ({"input": [[1, 10**7]]}, "input"),
+    ({"input": "x", "dimensions": 8}, "dimensions"),
+    ({"input": "x", "dimensions": 0}, "dimensions"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
+    ({"input": "x", "embed_dtype": "float16"}, "embed_dtype"),
+    ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+])
+def test_bad_embedding_requests_are_400s_naming_the_field(server, body, param):
+    status, out = post(server.url, "/v1/embeddings", body)
+    assert status == 400 and out["error"]["param"] == param, out
+    status, out = post(server.url, "/v1/embeddings", {"input": "x", "model": "other"})
+    assert status == 404 and out["error"]["param"] == "model"
+
+
+def test_the_key_guards_the_new_routes(server):
+    for path in ("/v1/embeddings", "/pooling"):
+        status, out = post(server.url, path, {"input": "x"}, key=None)
+        assert status == 401 and "API key" in out["error"]["message"]
+
+
+def test_anthropic_routes_answer_errors_in_anthropics_shape(server):
+    for method, path, want in (("GET", "/v1/messages", 405), ("POST", "/v1/messages/nope", 404)):
+        status, out = post(server.url, path, {} if method == "POST" else None, method=method)
+        assert status == want and out["type"] == "error", out
+        assert out["error"]["type"] in ("not_found_error", "invalid_request_error")
+    status, out = post(server.url, "/v1/messages", {"model": MODEL, "messages": []})
+    assert status == 400 and out["type"] == "error"
+
+
+# -- an encoder ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    from make_tiny_bert import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), "bert", pooling="mean",
+                          max_seq_length=64)
+
+
+@pytest.fixture(scope="module")
+def bert_server(bert_dir):
+    srv = ServerProcess("--model", str(bert_dir), "--served-model-name", "tiny-bert")
+    yield srv
+    assert srv.stop() == 0
+
+
+def test_bert_embeddings_equal_sentence_transformers(bert_server, bert_dir):
+    from sentence_transformers import SentenceTransformer
+
+    client = openai.OpenAI(base_url=bert_server.url + "/v1", api_key="unused", max_retries=0)
+    out = client.embeddings.create(model="tiny-bert", input=TEXTS, encoding_format="float")
+    want = torch.from_numpy(SentenceTransformer(str(bert_dir), device="cpu").encode(TEXTS))
+    for row, ref in zip(vectors(out), want):
+        assert F.cosine_similarity(row, ref, dim=0) > 1 - 1e-4
+    assert client.models.list().data[0].supported_tasks == ["embed", "token_embed"]
+    assert client.models.list().data[0].max_model_len == 64  # sentence-transformers' max_seq_length
+
+
+def test_an_encoder_refuses_generation_and_over_long_inputs(bert_server):
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        status, out = post(bert_server.url, path, body, key=None)
+        assert status == 400 and "embedding model" in out["error"]["message"]
+    status, out = post(bert_server.url, "/v1/embeddings", {"input": "word " * 100}, key=None)
+    assert status == 400 and out["error"]["param"] == "input"
+    status, out = post(bert_server.url, "/v1/embeddings",
+                       {"input": "word " * 100, "truncate_prompt_tokens": 64}, key=None)
+    assert status == 200 and out["usage"]["prompt_tokens"] == 64

@@ -1,0 +1,218 @@
+"""BERT-family encoders (tools/make_tiny_bert.py's tiny random models) against transformers
+(last_hidden_state of each sequence alone) and sentence-transformers (pooled, normalized
+embeddings), and the reading of sentence-transformers directories."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyserve.errors import ModelLoadError
+from pyserve.model.loader import iterate_safetensors, pack_weights, safetensors_files
+from pyserve.model.models import bert
+from pyserve.model.models.bert import BertEmbeddingModel, EncoderArch
+from pyserve.model.sentence_transformers import EncoderPooling, read_sentence_transformers
+
+TEXTS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100. Tokyo is the capital of Japan. Python, C++",
+]
+SHORT_TEXTS = ["Hello, world!", "How are you?", "Paris is nice.", "I am fine."]
+LONG_TEXT = "Sentence embeddings map a text to one vector; similar texts get nearby vectors. " * 3
+# directory name -> make_tiny_bert arguments
+MODELS = {
+    "bert": dict(arch="bert", pooling="mean"),
+    "roberta": dict(arch="roberta", pooling="cls"),
+    "xlm-roberta": dict(arch="xlm-roberta", pooling="lasttoken"),
+    "bert-raw": dict(arch="bert", pooling="mean", normalize=False, max_seq_length=16),
+}
+ARCHES = ("bert", "roberta", "xlm-roberta")
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from make_tiny_bert import make_tiny_bert
+
+    root = tmp_path_factory.mktemp("tiny-bert")
+    return {name: make_tiny_bert(root / name, **kwargs) for name, kwargs in MODELS.items()}
+
+
+def load_ours(path) -> BertEmbeddingModel:
+    arch = EncoderArch.from_hf_config(json.loads((path / "config.json").read_text()))
+    model = BertEmbeddingModel(arch, torch.float32)
+    loaded = model.load_weights(iterate_safetensors(safetensors_files(path)))
+    assert loaded == {name for name, _ in model.named_parameters()}
+    return model.eval()
+
+
+def packed(ids: list[list[int]]):
+    """input_ids, positions, query_start_loc of sequences packed into one batch."""
+    lens = torch.tensor([len(seq) for seq in ids])
+    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()])
+    return (torch.tensor([t for seq in ids for t in seq]),
+            torch.cat([torch.arange(n) for n in lens.tolist()]), query_start_loc)
+
+
+@pytest.mark.parametrize("kind", ARCHES)
+def test_packed_forward_matches_transformers(model_dirs, kind):
+    from transformers import AutoModel, AutoTokenizer
+
+    path = model_dirs[kind]
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    hf = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    ours = load_ours(path)
+    batches = [[tokenizer(t)["input_ids"] for t in texts] for texts in (TEXTS, SHORT_TEXTS)]
+    with torch.no_grad():
+        expected = [torch.cat([hf(input_ids=torch.tensor([seq])).last_hidden_state[0]
+                               for seq in ids]) for ids in batches]
+        for pack in (False, True):
+            if pack:
+                pack_weights(ours)
+                assert ours.layers[0].qkv_proj.packed is not None
+            for ids, reference in zip(batches, expected):
+                out = ours(*packed(ids))
+                assert out.shape == reference.shape
+                torch.testing.assert_close(out, reference, atol=1e-4, rtol=0)
+
+
+def pool(hidden: torch.Tensor, lens: list[int], pooling: EncoderPooling) -> torch.Tensor:
+    pick = {"MEAN": lambda s: s.mean(0), "CLS": lambda s: s[0], "LAST": lambda s: s[-1]}
+    out = torch.stack([pick[pooling.pooling_type](s) for s in hidden.split(lens)])
+    return F.normalize(out, dim=-1) if pooling.normalize else out
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_embeddings_match_sentence_transformers(model_dirs, name):
+    from sentence_transformers import SentenceTransformer
+
+    from pyserve.tokenizer.tokenizer import load_tokenizer
+
+    path = model_dirs[name]
+    pooling = read_sentence_transformers(path)
+    st = SentenceTransformer(str(path), device="cpu")
+    texts = TEXTS + [LONG_TEXT]
+    ours_tokenizer = load_tokenizer(path)
+    for text in texts:
+        assert ours_tokenizer.encode(text) == st.tokenizer(text)["input_ids"]
+    # sentence-transformers truncates to max_seq_length, keeping the special tokens
+    ids = [st.tokenizer(t, truncation=True, max_length=pooling.max_seq_length)["input_ids"]
+           for t in texts]
+    longest = len(ours_tokenizer.encode(LONG_TEXT))
+    assert max(len(seq) for seq in ids) == min(pooling.max_seq_length, longest)
+    model = load_ours(path)
+    pack_weights(model)
+    with torch.no_grad():
+        ours = pool(model(*packed(ids)), [len(seq) for seq in ids], pooling)
+    expected = st.encode(texts, convert_to_tensor=True, batch_size=len(texts))
+    assert F.cosine_similarity(ours, expected).min().item() > 1 - 1e-4
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("lens,calls", [
+    ([9], 1), ([5, 7, 6, 5], 1), ([3, 12, 9, 10], 1),  # padded: one call
+    ([40, 3], 2), ([20, 2, 2, 2], 4), ([1, 1, 30], 3),  # too long, or too uneven: one per sequence
+])
+def test_packed_attention_paths(monkeypatch, lens, calls):
+    """Both ways against attention of each sequence alone."""
+    sdpa, made = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: made.append(1) or sdpa(*a, **k))
+    torch.manual_seed(0)
+    qkv = torch.randn(sum(lens), 3, 4, 8)
+    out = bert.packed_attention(qkv, packed([[0] * n for n in lens])[2])
+    assert len(made) == calls
+    for seq, got in zip(qkv.split(lens), out.split(lens)):
+        q, k, v = seq.unbind(1)  # [L, H, D]
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(8), dim=-1)
+        expected = torch.einsum("hqk,khd->qhd", weights, v)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_read_sentence_transformers(model_dirs, tmp_path):
+    assert read_sentence_transformers(model_dirs["bert"]) == EncoderPooling("MEAN", True, 128)
+    assert read_sentence_transformers(model_dirs["roberta"]) == EncoderPooling("CLS", True, 128)
+    assert read_sentence_transformers(model_dirs["xlm-roberta"]) == EncoderPooling("LAST", True, 128)
+    assert read_sentence_transformers(model_dirs["bert-raw"]) == EncoderPooling("MEAN", False, 16)
+    assert read_sentence_transformers(tmp_path) is None  # no modules.json: a plain model
+
+
+def write_st_dir(path, pooling_config: dict, extra_modules=(), sbert_config=None):
+    """A sentence-transformers directory in the spelling of versions before 6."""
+    modules = [{"idx": i, "name": str(i), "path": folder, "type": f"sentence_transformers.models.{kind}"}
+               for i, (folder, kind) in enumerate([("", "Transformer"), ("1_Pooling", "Pooling"),
+                                                   ("2_Normalize", "Normalize")])]
+    (path / "modules.json").write_text(json.dumps([*modules, *extra_modules]))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    (path / "sentence_bert_config.json").write_text(json.dumps(sbert_config or {}))
+    return path
+
+
+def legacy_pooling(**modes) -> dict:
+    flags = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+             "weightedmean_tokens", "lasttoken")
+    return {"word_embedding_dimension": 64,
+            **{f"pooling_mode_{flag}": modes.get(flag, False) for flag in flags}}
+
+
+def test_read_legacy_sentence_transformers(tmp_path):
+    path = write_st_dir(tmp_path, legacy_pooling(cls_token=True),
+                        sbert_config={"max_seq_length": 256, "do_lower_case": False})
+    assert read_sentence_transformers(path) == EncoderPooling("CLS", True, 256)
+    (path / "sentence_bert_config.json").unlink()
+    (path / "config.json").write_text(json.dumps({"max_position_embeddings": 514}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    assert read_sentence_transformers(path).max_seq_length == 512
+
+
+@pytest.mark.parametrize("pooling_config,names", [
+    ({"embedding_dimension": 64, "pooling_mode": "max"}, "max"),
+    ({"embedding_dimension": 64, "pooling_mode": ["mean", "cls"]}, "mean, cls"),
+    (legacy_pooling(weightedmean_tokens=True), "weightedmean"),
+    (legacy_pooling(mean_tokens=True, max_tokens=True), "max, mean"),
+])
+def test_unsupported_pooling_is_refused(tmp_path, pooling_config, names):
+    with pytest.raises(ModelLoadError, match=names):
+        read_sentence_transformers(write_st_dir(tmp_path, pooling_config))
+
+
+def test_unsupported_module_is_refused(tmp_path):
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    with pytest.raises(ModelLoadError, match="Dense"):
+        read_sentence_transformers(write_st_dir(tmp_path, legacy_pooling(), [dense]))
+
+
+def test_encoder_arch_from_config(model_dirs):
+    cfg = json.loads((model_dirs["roberta"] / "config.json").read_text())
+    arch = EncoderArch.from_hf_config(cfg)
+    assert (arch.architecture, arch.position_offset, arch.max_model_len) == ("RobertaModel", 2, 128)
+    assert arch.eos_token_ids == (2,)
+    bert_cfg = json.loads((model_dirs["bert"] / "config.json").read_text())
+    masked_lm = EncoderArch.from_hf_config({**bert_cfg, "architectures": ["BertForMaskedLM"]})
+    assert (masked_lm.architecture, masked_lm.position_offset) == ("BertModel", 0)
+    for bad, message in [({"architectures": ["GPT2Model"]}, "GPT2Model"),
+                         ({"hidden_size": None}, "hidden_size"),
+                         ({"hidden_act": "swish"}, "swish"),
+                         ({"position_embedding_type": "relative_key"}, "relative_key")]:
+        with pytest.raises(ModelLoadError, match=message):
+            EncoderArch.from_hf_config({**bert_cfg, **bad})
+    missing = dict(bert_cfg)
+    del missing["num_hidden_layers"]
+    with pytest.raises(ModelLoadError, match="num_hidden_layers"):
+        EncoderArch.from_hf_config(missing)
+
+
+def test_load_weights_takes_prefixed_names_and_skips_heads(model_dirs):
+    path = model_dirs["bert"]
+    model = BertEmbeddingModel(load_ours(path).arch, torch.float32)
+    reference = dict(load_ours(path).named_parameters())
+    weights = [(f"bert.{name}", tensor[...])
+               for name, tensor in iterate_safetensors(safetensors_files(path))]
+    weights += [("cls.predictions.bias", torch.zeros(3)),
+                ("bert.embeddings.position_ids", torch.arange(3))]
+    assert model.load_weights(weights) == set(reference)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param, reference[name], atol=0, rtol=0)
