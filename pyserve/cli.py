@@ -150,6 +150,11 @@ def _model_flags(g) -> None:
                    help="JSON object laid over those defaults, in generation_config.json's "
                    "names, e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 256}' (applies with "
                    "--generation-config vllm too)")
+    g.add_argument("--speculative-config", default=None,
+                   help="speculative decoding, as JSON: '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                   "\"prompt_lookup_min\": 2}' (prompt lookup; greedy requests are verified "
+                   "exactly, others decode as without it)")
     g.add_argument("--pooler-config", default=None,
                    help="how /v1/embeddings pools, as JSON: '{\"pooling_type\": \"LAST\"|\"MEAN\"|"
                    "\"CLS\", \"normalize\": true}' (default: the model's sentence-transformers "
@@ -256,6 +261,11 @@ def _server_flags(g) -> None:
                    help="seconds an idle keep-alive connection stays open")
     g.add_argument("--header-timeout", type=float, default=30.0,
                    help="seconds a client has to send a request's headers")
+    g.add_argument("--body-timeout", type=float, default=60.0,
+                   help="seconds a client has, once its headers are in, to send the body (else 408)")
+    g.add_argument("--enable-debug-endpoints", action="store_true",
+                   help="serve GET /debug/books (the engine's request and KV-block accounting); "
+                   "behind --api-key like every route")
 
 
 def _logging_flags(g) -> None:

@@ -61,6 +61,45 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's --speculative-config, method "ngram" (prompt lookup): up to
+    num_speculative_tokens proposed a step, after the longest recurring suffix of
+    prompt_lookup_min to prompt_lookup_max tokens."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+
+    @staticmethod
+    def from_json(value) -> "SpeculativeConfig":
+        """ConfigError naming what is wrong."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ConfigError(f"--speculative-config: not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ConfigError("--speculative-config must be a JSON object")
+        method = value.get("method", "ngram")
+        if method != "ngram":
+            raise ConfigError(f"--speculative-config: method {method!r} is not implemented; "
+                              "pyserve speculates with \"ngram\" (prompt lookup) only")
+        known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"--speculative-config: unsupported key(s) {', '.join(unknown)}")
+        k = value.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            raise ConfigError("--speculative-config: num_speculative_tokens must be 1 to 16")
+        hi = value.get("prompt_lookup_max", value.get("prompt_lookup_min", 4))
+        lo = value.get("prompt_lookup_min", min(hi, 1) if isinstance(hi, int) else 1)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
+            raise ConfigError("--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        return SpeculativeConfig(method, k, hi, lo)
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     # None: per device (engine/core.py's resolve_step_limits), as vLLM sets them per platform:
     # small prefill chunks on the CPU, where a step's time grows with its tokens
@@ -68,6 +107,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     scheduling_policy: str = "fcfs"
     log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
 
 EXECUTOR_BACKENDS = ("mp", "uni")
@@ -121,6 +161,8 @@ class ServerConfig:
     max_request_body_bytes: int = 32 * 1024 * 1024
     keepalive_timeout: float = 5.0
     header_timeout: float = 30.0
+    body_timeout: float = 60.0  # seconds from a request's headers to the end of its body
+    enable_debug_endpoints: bool = False  # GET /debug/books answers (else 404)
 
 
 @dataclass(frozen=True)
@@ -145,6 +187,9 @@ class Config:
         override = values.get("override_generation_config")
         if isinstance(override, dict):
             values["override_generation_config"] = tuple(sorted(override.items()))
+        speculative = values.get("speculative_config")
+        if isinstance(speculative, (str, dict)):  # JSON from the CLI or PYSERVE_*, a dict from LLM(...)
+            values["speculative_config"] = SpeculativeConfig.from_json(speculative)
         pooler = values.get("pooler_config")
         if isinstance(pooler, (str, dict)):  # JSON from the CLI or PYSERVE_*, a dict from LLM(...)
             try:
@@ -247,6 +292,7 @@ def validate(config: Config) -> None:
          f"must be one of {', '.join(REASONING_PARSERS)}")
     need(srv.max_header_bytes > 0, "--max-header-bytes", "must be positive")
     need(srv.max_request_body_bytes > 0, "--max-request-body-bytes", "must be positive")
+    need(srv.body_timeout > 0, "--body-timeout", "must be positive")
     if m.model is not None and m.load_format != "dummy":
         need(os.path.exists(m.model), "--model", f"'{m.model}' does not exist")
     if m.tokenizer is not None:

@@ -58,6 +58,9 @@ class ScheduledSequence:
     sampling: SamplingInputs | None = None  # set when the step's last row yields a token
     prompt_logprobs: PromptLogprobsInputs | None = None
     pooling: PoolingInputs | None = None  # a pooling request: its rows are pooled, never sampled
+    # speculative decoding: the proposed tokens, also the tail of token_ids; the runner
+    # verifies them greedily over the last len(draft_token_ids) + 1 rows (sampling is None)
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -118,6 +121,9 @@ class ModelRunnerOutput:
     sampled: SamplerOutput | None
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
     pooled: list[PooledChunk] = field(default_factory=list)
+    # per sequence with drafts, in step order: its accepted drafts, then the target's own next
+    # token (the first mismatch's argmax, or the bonus token after them all)
+    verified: list[list[int]] = field(default_factory=list)
 
 
 def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:

@@ -6,6 +6,7 @@ import operator
 
 import pytest
 
+from pyserve.config import SpeculativeConfig
 from pyserve.pooling_params import PoolerConfig
 
 from pyserve.cli import parse_serve
@@ -27,6 +28,8 @@ HONOURED_EXAMPLES = {
                                       '{"top_p": 0.9, "temperature": 0.5}'],
                                      (("temperature", 0.5), ("top_p", 0.9))),
     "--max-logprobs": (["--max-logprobs", "-1"], -1),
+    "--speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                             SpeculativeConfig("ngram", 3, 4, 1)),
     "--pooler-config": (["--pooler-config", '{"pooling_type": "MEAN", "normalize": false}'],
                         PoolerConfig("MEAN", False)),
     "--download-dir": (["--download-dir", "{dir}"], "{dir}"),
@@ -123,7 +126,6 @@ FOREIGN_EXAMPLES = [
     (["--lora-modules", "a=/x", "b=/y"], "refused"),
     (["--max-loras", "2"], "refused"),
     (["--max-lora-rank", "16"], "refused"),
-    (["--speculative-config", '{"method": "ngram"}'], "refused"),
     (["--limit-mm-per-prompt", '{"image": 2}'], "refused"),
     (["--mm-processor-kwargs", "{}"], "refused"),
     (["--hf-overrides", "{}"], "refused"),

@@ -339,6 +339,12 @@ class AsyncEngine:
             (prompt - self._last_tokens[0]) / elapsed, (gen - self._last_tokens[1]) / elapsed,
             snap["num_running"], snap["num_waiting"], 100 * snap["kv_usage"],
             100 * snap["prefix_cache_hit_rate"], snap["num_preemptions"], 100 * self.loop_busy_fraction)
+        if self.core.config.scheduler.speculative_config is not None:
+            stats = self.core.stats  # vLLM's SpecDecoding metrics line, over the whole run
+            drafts, proposed, kept = stats.spec_drafts, stats.spec_draft_tokens, stats.spec_accepted_tokens
+            logger.info("speculative decoding: mean acceptance length %.2f, accepted %d of %d "
+                        "draft tokens (%.1f%%), %d drafts", 1 + kept / drafts if drafts else 0.0,
+                        kept, proposed, 100 * kept / proposed if proposed else 0.0, drafts)
         self._last_log, self._last_tokens = t, (prompt, gen)
 
     def _fail(self, step, exc: Exception) -> None:

@@ -79,7 +79,7 @@ class EngineCore:
                     num_blocks * plan.bytes_per_block / 1024**3, plan.bytes_per_block,
                     self.max_model_len, num_blocks / plan.blocks_per_sequence, plan.block_order)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         self.requests = RequestTable()
         # structured outputs: xgrammar and the vocabulary are read on the first grammar only
         self.grammars = GrammarCompiler(self.tokenizer, plan.vocab_size, tuple(sorted(eos)))
@@ -196,6 +196,7 @@ class EngineCore:
         self.outputs.record_prompt_logprobs(result.prompt_logprobs, self.requests)
         sampled = result.sampled
         pooled = {chunk.request_id: chunk.data for chunk in result.pooled}
+        verified = iter(result.verified)
         row = 0
         t = now()
         outputs = []
@@ -204,8 +205,14 @@ class EngineCore:
             if seq.sampling is not None:
                 token, lp_row = sampled.token_ids[row], row
                 row += 1
+            tokens = next(verified) if seq.draft_token_ids else None
             request = self.requests.child(seq.request_id)
             if request is None or request.finished:
+                continue
+            if tokens is not None:
+                output = self._speculated(request, seq.draft_token_ids, tokens, t)
+                if output is not None:
+                    outputs.append(output)
                 continue
             self.scheduler.computed(request, seq.num_new_tokens)
             if seq.pooling is not None:
@@ -218,17 +225,38 @@ class EngineCore:
             if token is None:
                 continue
             self.outputs.add_token(request, token, sampled.logprobs, lp_row, t)
-            if request.finished:
-                self.scheduler.finish(request)
-                self._release_siblings(group)
-            output = self.outputs.output(group, request)
-            if group.finished:
-                self.stats.on_group_finished(group.children)
-                self.requests.remove(group.request_id)
+            output = self._advanced(group, request)
             if output is not None:
                 outputs.append(output)
         self.stats.on_step_done()
         return outputs
+
+    def _advanced(self, group: RequestGroup, request) -> RequestOutput | None:
+        """After a request took its step's tokens: its end, its group's end, its output."""
+        if request.finished:
+            self.scheduler.finish(request)
+            self._release_siblings(group)
+        output = self.outputs.output(group, request)
+        if group.finished:
+            self.stats.on_group_finished(group.children)
+            self.requests.remove(group.request_id)
+        return output
+
+    def _speculated(self, request, drafts: list[int], tokens: list[int], t: float):
+        """A verified step: its tokens (accepted drafts, then the target's own) are appended
+        until one ends the request; num_computed_tokens advances over the last token before
+        the step and the accepted drafts appended (their K/V are right), not past them."""
+        appended = 0
+        for token in tokens:
+            self.outputs.add_token(request, token, None, 0, t)
+            appended += 1
+            if request.finished:
+                break
+        self.scheduler.computed(request, 1 + min(appended, len(tokens) - 1))
+        self.stats.on_speculated(len(drafts), len(tokens) - 1)
+        group = self.requests.group_of(request)
+        self._release_siblings(group)
+        return self._advanced(group, request)
 
     def _pooled(self, request, start: int, part, t: float) -> RequestOutput | None:
         """A pooling request's chunk; at its last, the request ends with its result."""

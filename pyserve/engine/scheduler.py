@@ -27,17 +27,23 @@ from __future__ import annotations
 import bisect
 
 from pyserve.config import SchedulerConfig
+from pyserve.engine.ngram import propose
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
 from pyserve.step import (PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
                           SchedulerOutput)
 
 
-def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int]) -> ScheduledSequence:
+def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int],
+                       drafts: list[int] | None = None) -> ScheduledSequence:
     """A request's share of a step, as plain data. It is sampled when the step computes its
-    last known token (so it yields the next one)."""
+    last known token (so it yields the next one); with drafts, they follow that token and
+    the runner verifies them instead."""
     first = request.num_computed_tokens
     last = first + num_new_tokens
+    if drafts:
+        return ScheduledSequence(request.request_id, request.all_token_ids[first:last] + drafts,
+                                 first, block_ids, draft_token_ids=list(drafts))
     if request.pooling is not None:  # pooled, never sampled
         return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
                                  block_ids, pooling=PoolingInputs(
@@ -61,14 +67,25 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
                              block_ids, sampling, prompt_logprobs)
 
 
+def _verifiable(request: Request) -> bool:
+    """Its next token is the plain argmax of the logits, which greedy verification checks:
+    greedy, no logprobs, penalties, logit bias, grammar or EOS ban (min_tokens) in the way."""
+    p = request.params
+    return (p.greedy and p.logprobs is None and not p.penalized and not p.logit_bias
+            and request.matcher is None and request.pooling is None
+            and len(request.output_token_ids) >= p.min_tokens)
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int = 1 << 30):
         self.config = config
         self.kv = kv
+        self.max_model_len = max_model_len
         self.waiting: list[Request] = []  # sorted by _key
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # ended since the last step, for the runner
+        self._drafts: dict[str, list[int]] = {}  # this step's proposals, by request id
 
     def _key(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.config.scheduling_policy == "priority" else 0
@@ -83,8 +100,10 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """This step's sequences. A step with none still hands over the finished ids only when
         a later step has sequences (the runner holds nothing that matters in between)."""
+        self._drafts: dict[str, list[int]] = {}
         scheduled = self._schedule()
-        sequences = [scheduled_sequence(r, n, self.kv.block_ids(r.request_id)) for r, n in scheduled]
+        sequences = [scheduled_sequence(r, n, self.kv.block_ids(r.request_id),
+                                        self._drafts.get(r.request_id)) for r, n in scheduled]
         finished = []
         if sequences:
             finished, self._finished_ids = self._finished_ids, []
@@ -98,6 +117,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = self._speculate(request, n, budget)
+            if drafts:  # room for them now, or no speculation this step
+                scheduled.append((request, n))
+                self._drafts[request.request_id] = drafts
+                budget -= n + len(drafts)
+                i = self._index_after(request)
+                continue
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n):
                 victim = max(self.running, key=self._key)
                 self._preempt(victim)
@@ -108,7 +134,7 @@ class Scheduler:
                 for entry in scheduled:
                     if entry[0] is victim:
                         scheduled.remove(entry)
-                        budget += entry[1]
+                        budget += entry[1] + len(self._drafts.pop(victim.request_id, ()))
                         break
             else:
                 scheduled.append((request, n))
@@ -142,6 +168,25 @@ class Scheduler:
             scheduled.append((request, n))
             budget -= n
         return scheduled
+
+    def _speculate(self, request: Request, n: int, budget: int) -> list[int]:
+        """Prompt-lookup drafts for a decoding request (one new token) whose next tokens are
+        greedy and unconstrained, within the step budget, its max_tokens and the model
+        length, with their KV slots allocated; [] otherwise. A rejected draft's slot is
+        simply overwritten later: only accepted tokens advance num_computed_tokens."""
+        spec = self.config.speculative_config
+        if spec is None or n != 1 or not _verifiable(request):
+            return []
+        room = min(spec.num_speculative_tokens, budget - 1,
+                   request.max_tokens - len(request.output_token_ids) - 1,
+                   self.max_model_len - request.num_tokens - 1)
+        if room <= 0:
+            return []
+        drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if not drafts or not self.kv.allocate_slots(request.request_id,
+                                                    request.num_computed_tokens + 1 + len(drafts)):
+            return []
+        return drafts
 
     def _index_after(self, request: Request) -> int:
         try:

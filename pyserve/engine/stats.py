@@ -20,7 +20,7 @@ A request the client aborts is not counted as finished and adds to no per-reques
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 
 from prometheus_client.utils import floatToGoString
 
@@ -97,6 +97,11 @@ class EngineStats:
         self.generation_tokens = 0
         self.finished_requests = 0
         self.finished_by_reason = dict.fromkeys(FINISH_REASONS, 0)
+        # speculative decoding (vLLM's spec_decode_* counters)
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
+        self.spec_accepted_per_position: Counter = Counter()
         self._step_tokens = 0  # this step's prompt (prefills done) and generated tokens
         self.ttft_s: deque = deque(maxlen=_SAMPLES)
         self.itl_s: deque = deque(maxlen=_SAMPLES)
@@ -166,6 +171,14 @@ class EngineStats:
         self.prompt_tokens_cached += request.num_cached_tokens
         self._step_tokens += prompt
         self.e2e.observe(now - request.arrival_time)
+
+    def on_speculated(self, num_drafts: int, num_accepted: int) -> None:
+        """A verified step of one request: num_drafts proposed, num_accepted of them kept."""
+        self.spec_drafts += 1
+        self.spec_draft_tokens += num_drafts
+        self.spec_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            self.spec_accepted_per_position[position] += 1
 
     def on_group_finished(self, children) -> None:
         """The last of a request's n completions is done."""

@@ -17,6 +17,7 @@ import torch
 
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.pooler import PoolingRows, pool_step
+from pyserve.model.verify import verify, verify_argmax
 from pyserve.model.sampler import (SamplingMetadata, build_metadata, logprob_columns,
                                    read_result_table, sample, sample_on_device)
 from pyserve.step import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
@@ -60,6 +61,9 @@ class PreparedBatch:
     sampling: SamplingMetadata | None
     prompt_logprobs: list[PromptLogprobsRequest] = field(default_factory=list)
     pooling: list[PoolingRows] = field(default_factory=list)  # pooled, never sampled
+    # speculative decoding: each sequence's drafts, verified on the logits rows after the
+    # sampled and prompt-logprob ones, len(drafts) + 1 rows each, in this order
+    drafts: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class LaunchedStep:
     table: torch.Tensor | None  # pinned host memory the sampler's result table is copied into
     prompt_logprobs: list[PromptLogprobs]
     pooled: list  # PooledChunk, read with the prompt logprobs (few requests pool)
+    verify_argmax: torch.Tensor | None = None  # the drafts' rows' argmax, on the device
 
 
 class ModelRunner:
@@ -106,6 +111,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
         prompt_lp, sampling, generators, pooling = [], [], [], []
+        verify_rows, drafts = [], []
         seqs = step.sequences
         tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
         for row, s in enumerate(seqs):
@@ -119,6 +125,10 @@ class ModelRunner:
                 prompt_lp.append(PromptLogprobsRequest(
                     s.request_id, [starts[-1] + i for i in range(len(lp.targets))], lp.targets,
                     lp.k, lp.first_position))
+            if s.draft_token_ids:
+                end = starts[-1] + len(s.token_ids)
+                verify_rows.extend(range(end - len(s.draft_token_ids) - 1, end))
+                drafts.append(s.draft_token_ids)
             if s.pooling is not None:
                 pooling.append(PoolingRows(s.request_id, starts[-1],
                                            starts[-1] + len(s.token_ids), s.pooling))
@@ -135,7 +145,7 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         )
-        logits_rows = sample_rows + [row for p in prompt_lp for row in p.rows]
+        logits_rows = sample_rows + [row for p in prompt_lp for row in p.rows] + verify_rows
         inputs = ForwardInputs(torch.tensor(input_ids, dtype=torch.int64),
                                torch.tensor(positions, dtype=torch.int64), meta,
                                torch.tensor(logits_rows, dtype=torch.int64))
@@ -144,7 +154,7 @@ class ModelRunner:
             build_metadata(sampling, generators, self.vocab_size, self.device,
                            grammar=(step.grammar_bitmask, step.constrained_rows)
                            if step.grammar_bitmask is not None else None) if sampling else None,
-            prompt_lp, pooling)
+            prompt_lp, pooling, drafts)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
@@ -174,7 +184,8 @@ class ModelRunner:
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled)
+        verified = verify(verify_argmax(logits, batch.drafts), batch.drafts)
+        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled, verified)
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -204,8 +215,9 @@ class ModelRunner:
                 table = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
                 table.copy_(on_device, non_blocking=True)
             prompt_logprobs = self._prompt_logprobs(logits, batch)
+            draft_argmax = verify_argmax(logits, batch.drafts)
             notify()
-        return LaunchedStep(batch, table, prompt_logprobs, pooled)
+        return LaunchedStep(batch, table, prompt_logprobs, pooled, draft_argmax)
 
     @staticmethod
     def finish(step: LaunchedStep) -> ModelRunnerOutput:
@@ -213,7 +225,8 @@ class ModelRunner:
         sampled = None
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
-        return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled)
+        return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
+                                 verify(step.verify_argmax, step.batch.drafts))
 
 
 @torch.inference_mode()

@@ -100,6 +100,24 @@ class EngineCollector:
             family.add_metric(self.labels, hist.cumulative(), hist.sum)
             yield family
         yield self._cache_config_info()
+        if self.core.config.scheduler.speculative_config is not None:
+            yield from self._spec_decode(stats, counter)
+
+    def _spec_decode(self, stats, counter):
+        """vLLM's speculative-decoding counters (only with --speculative-config, as vLLM)."""
+        yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                      stats.spec_drafts)
+        yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                      stats.spec_draft_tokens)
+        yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                      stats.spec_accepted_tokens)
+        k = self.core.config.scheduler.speculative_config.num_speculative_tokens
+        family = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Accepted tokens per draft position.",
+                                     labels=LABELS + ["position"])
+        for position in range(k):
+            family.add_metric(self.labels + [str(position)], stats.spec_accepted_per_position[position])
+        yield family
 
     def _prompt_tokens_by_source(self, stats):
         family = CounterMetricFamily("vllm:prompt_tokens_by_source",

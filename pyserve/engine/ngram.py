@@ -1,0 +1,27 @@
+"""Prompt-lookup (n-gram) proposals for speculative decoding, as vLLM's "ngram" method: the
+request's last n tokens (n from prompt_lookup_max down to prompt_lookup_min) are looked up
+earlier in its prompt and output; the tokens that followed the most recent earlier match are
+proposed. Vectorised over the token history (numpy), no Python loop per token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def propose(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens to propose after `tokens`; [] when no suffix n-gram recurs."""
+    history = np.asarray(tokens, dtype=np.int64)
+    size = len(history)
+    for n in range(min(max_n, size - 1), min_n - 1, -1):
+        # windows that start before the suffix and end before the last token, so that a
+        # match has at least one token after it
+        windows = sliding_window_view(history[: size - 1], n)
+        hits = np.flatnonzero((windows == history[size - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return history[start: start + k].tolist()
+    return []
+

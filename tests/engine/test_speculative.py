@@ -1,0 +1,113 @@
+"""Speculative decoding (n-gram prompt lookup, greedy verification): the proposer and the
+verifier alone, then whole runs of the real engine whose output must equal the same run
+without speculation, token for token, across what a step can hold (chunked prompts, prefix
+caching, preemption, n > 1, stop strings, max_tokens inside a proposal, requests that are not
+speculated beside ones that are), with the books balanced after."""
+
+import pytest
+
+from pyserve.config import ConfigError, SpeculativeConfig
+from pyserve.engine.ngram import propose
+from pyserve.llm import LLM
+from pyserve.model.verify import accepted
+from pyserve.sampling_params import SamplingParams
+from pyserve.sampling_params import StructuredOutputsParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 2}
+REPEATING = ["The capital of France is Paris. The capital of France is",
+             "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+             "one two three four five six seven one two three four five six seven one two"]
+
+
+def test_propose_takes_what_followed_the_most_recent_match():
+    assert propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2, 2, 3) == [7, 8]
+    assert propose([5, 6, 7, 5, 6], 4, 2, 4) == [7, 5, 6]  # runs to the end of the history
+    assert propose([1, 2, 3, 4], 3, 1, 3) == []  # no suffix recurs
+    assert propose([4, 1, 4], 3, 2, 3) == []  # a 1-gram match is below prompt_lookup_min
+    assert propose([4, 1, 4], 3, 1, 3) == [1, 4]
+    assert propose([7], 3, 1, 3) == []
+
+
+def test_verification_keeps_drafts_while_they_equal_the_argmax():
+    assert accepted([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all kept, and the bonus token
+    assert accepted([5, 9, 7, 8], [5, 6, 7]) == [5, 9]  # the first mismatch ends it
+    assert accepted([4, 6, 7, 8], [5, 6, 7]) == [4]  # none kept: one token, as without drafts
+
+
+def test_the_config_is_vllms_json():
+    assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2)
+    for bad in ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
+                {"method": "ngram"}, {"method": "ngram", "num_speculative_tokens": 0},
+                {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
+                 "prompt_lookup_max": 2},
+                {"method": "ngram", "num_speculative_tokens": 2, "typo": 1}):
+        with pytest.raises(ConfigError, match="speculative-config"):
+            SpeculativeConfig.from_json(bad)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(plain, speculating) offline engines on the default model."""
+    flags = dict(max_model_len=1024, max_num_batched_tokens=32)
+    return LLM(None, **flags), LLM(None, speculative_config=NGRAM, **flags)
+
+
+def outputs(llm, prompts, params):
+    return [[(c.token_ids, c.text, c.finish_reason) for c in o.outputs]
+            for o in llm.generate(prompts, params)]
+
+
+def assert_books_balanced(llm):
+    core = llm.engine
+    assert not core.has_unfinished() and len(core.requests) == 0
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    assert core.executor.runner.num_tracked_requests == 0
+
+
+def test_greedy_output_is_unchanged_and_drafts_are_accepted(pair):
+    plain, spec = pair
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    before = spec.engine.stats.spec_accepted_tokens
+    assert outputs(spec, REPEATING, params) == outputs(plain, REPEATING, params)
+    assert spec.engine.stats.spec_accepted_tokens > before  # the model repeats: drafts land
+    assert_books_balanced(spec)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),  # ends inside a proposal
+    SamplingParams(temperature=0, max_tokens=40, stop=["France is"]),
+    SamplingParams(temperature=0, max_tokens=24, n=2),
+    SamplingParams(temperature=0, max_tokens=24, min_tokens=6),
+])
+def test_stops_lengths_and_siblings_land_where_they_would(pair, params):
+    plain, spec = pair
+    assert outputs(spec, REPEATING, params) == outputs(plain, REPEATING, params)
+    assert_books_balanced(spec)
+
+
+def test_requests_that_are_not_speculated_run_beside_those_that_are(pair):
+    plain, spec = pair
+    params = [SamplingParams(temperature=0, max_tokens=32),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=32),  # sampled: decoded plainly
+              SamplingParams(temperature=0, max_tokens=32, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=16, structured_outputs=StructuredOutputsParams(
+                  regex="(Paris ){3}"))]
+    prompts = [REPEATING[0]] * 4
+    assert ([o.outputs[0].token_ids for o in spec.generate(prompts, params)]
+            == [o.outputs[0].token_ids for o in plain.generate(prompts, params)])
+    assert_books_balanced(spec)
+
+
+def test_prefix_caching_and_preemption_keep_the_output(pair):
+    plain, _ = pair
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    prompts = REPEATING * 2  # the second round finds its prompts cached
+    want = outputs(plain, prompts, params)
+    # room for about two of the six sequences at once: preemptions while drafts are held
+    tight = LLM(None, max_model_len=160, max_num_batched_tokens=32, kv_cache_memory=12 * 16 * 30 * 2 * 192 * 4,
+                speculative_config=NGRAM)
+    assert outputs(tight, prompts, params) == want
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.engine.kv.prefix_hits > 0
+    assert_books_balanced(tight)
