@@ -61,6 +61,7 @@ class ScheduledSequence:
     # speculative decoding: the proposed tokens, also the tail of token_ids; the runner
     # verifies them greedily over the last len(draft_token_ids) + 1 rows (sampling is None)
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_sampling: SamplingInputs | None = None  # a sampled request's (None: greedy)
 
     @property
     def num_new_tokens(self) -> int:

@@ -42,8 +42,11 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
     first = request.num_computed_tokens
     last = first + num_new_tokens
     if drafts:
-        return ScheduledSequence(request.request_id, request.all_token_ids[first:last] + drafts,
-                                 first, block_ids, draft_token_ids=list(drafts))
+        params = request.params
+        return ScheduledSequence(
+            request.request_id, request.all_token_ids[first:last] + drafts, first, block_ids,
+            draft_token_ids=list(drafts), draft_sampling=None if params.greedy else SamplingInputs(
+                params, request.eos_token_ids, len(request.output_token_ids)))
     if request.pooling is not None:  # pooled, never sampled
         return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
                                  block_ids, pooling=PoolingInputs(
@@ -68,10 +71,11 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
 
 
 def _verifiable(request: Request) -> bool:
-    """Its next token is the plain argmax of the logits, which greedy verification checks:
-    greedy, no logprobs, penalties, logit bias, grammar or EOS ban (min_tokens) in the way."""
+    """Its next tokens depend on the logits alone, which verification reads (greedily, or by
+    rejection sampling): no logprobs, penalties (their history moves along the drafts), logit
+    bias, grammar or EOS ban (min_tokens) in the way."""
     p = request.params
-    return (p.greedy and p.logprobs is None and not p.penalized and not p.logit_bias
+    return (p.logprobs is None and not p.penalized and not p.logit_bias
             and request.matcher is None and request.pooling is None
             and len(request.output_token_ids) >= p.min_tokens)
 

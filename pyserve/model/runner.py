@@ -17,7 +17,7 @@ import torch
 
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.pooler import PoolingRows, pool_step
-from pyserve.model.verify import verify, verify_argmax
+from pyserve.model.verify import verify, verify_on_device
 from pyserve.model.sampler import (SamplingMetadata, build_metadata, logprob_columns,
                                    read_result_table, sample, sample_on_device)
 from pyserve.step import ModelRunnerOutput, PromptLogprobs, SchedulerOutput
@@ -64,6 +64,8 @@ class PreparedBatch:
     # speculative decoding: each sequence's drafts, verified on the logits rows after the
     # sampled and prompt-logprob ones, len(drafts) + 1 rows each, in this order
     drafts: list[list[int]] = field(default_factory=list)
+    draft_sampled: list[int] = field(default_factory=list)  # which drafts' requests sample
+    draft_sampling: SamplingMetadata | None = None  # over those requests' rows, in order
 
 
 @dataclass
@@ -74,7 +76,7 @@ class LaunchedStep:
     table: torch.Tensor | None  # pinned host memory the sampler's result table is copied into
     prompt_logprobs: list[PromptLogprobs]
     pooled: list  # PooledChunk, read with the prompt logprobs (few requests pool)
-    verify_argmax: torch.Tensor | None = None  # the drafts' rows' argmax, on the device
+    verified: torch.Tensor | None = None  # verify_on_device's table, on the device
 
 
 class ModelRunner:
@@ -111,7 +113,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
         prompt_lp, sampling, generators, pooling = [], [], [], []
-        verify_rows, drafts = [], []
+        verify_rows, drafts, draft_sampled, draft_inputs, draft_generators = [], [], [], [], []
         seqs = step.sequences
         tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
         for row, s in enumerate(seqs):
@@ -129,6 +131,12 @@ class ModelRunner:
                 end = starts[-1] + len(s.token_ids)
                 verify_rows.extend(range(end - len(s.draft_token_ids) - 1, end))
                 drafts.append(s.draft_token_ids)
+                if s.draft_sampling is not None:  # its rows are rejection-sampled
+                    draft_sampled.append(len(drafts) - 1)
+                    rows = len(s.draft_token_ids) + 1
+                    draft_inputs.extend([s.draft_sampling] * rows)
+                    draft_generators.extend(
+                        [self._generator(s.request_id, s.draft_sampling.params.seed)] * rows)
             if s.pooling is not None:
                 pooling.append(PoolingRows(s.request_id, starts[-1],
                                            starts[-1] + len(s.token_ids), s.pooling))
@@ -154,7 +162,9 @@ class ModelRunner:
             build_metadata(sampling, generators, self.vocab_size, self.device,
                            grammar=(step.grammar_bitmask, step.constrained_rows)
                            if step.grammar_bitmask is not None else None) if sampling else None,
-            prompt_lp, pooling, drafts)
+            prompt_lp, pooling, drafts, draft_sampled,
+            build_metadata(draft_inputs, draft_generators, self.vocab_size, self.device)
+            if draft_inputs else None)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
@@ -184,8 +194,12 @@ class ModelRunner:
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        verified = verify(verify_argmax(logits, batch.drafts), batch.drafts)
+        verified = verify(self._verify_on_device(logits, batch), batch.drafts)
         return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled, verified)
+
+    def _verify_on_device(self, logits: torch.Tensor | None, batch: PreparedBatch):
+        return verify_on_device(logits, batch.drafts, batch.draft_sampled, batch.draft_sampling,
+                                self.generator)
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -215,9 +229,9 @@ class ModelRunner:
                 table = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
                 table.copy_(on_device, non_blocking=True)
             prompt_logprobs = self._prompt_logprobs(logits, batch)
-            draft_argmax = verify_argmax(logits, batch.drafts)
+            verified = self._verify_on_device(logits, batch)
             notify()
-        return LaunchedStep(batch, table, prompt_logprobs, pooled, draft_argmax)
+        return LaunchedStep(batch, table, prompt_logprobs, pooled, verified)
 
     @staticmethod
     def finish(step: LaunchedStep) -> ModelRunnerOutput:
@@ -226,7 +240,7 @@ class ModelRunner:
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
         return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
-                                 verify(step.verify_argmax, step.batch.drafts))
+                                 verify(step.verified, step.batch.drafts))
 
 
 @torch.inference_mode()

@@ -187,19 +187,46 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torc
         logits = _apply_penalties(logits, meta.penalties)
     chosen = logits.argmax(dim=-1)
     if not meta.all_greedy:
-        scaled = logits / meta.temperature[:, None]
-        if meta.top_k is not None or meta.top_p is not None:
-            scaled = _top_k_top_p(scaled, meta.top_k, meta.top_p)
-        # softmax without its division: the most likely token weighs 1, so min-p's floor is
-        # min_p itself; the argmax of scaled is a token of weight 1 for _draw's fallback
-        top = scaled.max(dim=-1, keepdim=True)
-        weights = (scaled - top.values).exp_()
-        if meta.min_p is not None:
-            weights = weights.masked_fill_(weights < meta.min_p[:, None], 0.0)
+        weights, fallback = _weights(logits, meta)
         u = _uniforms(meta.generators, default, logits.device)
-        drawn = _draw(weights, u, top.indices.squeeze(1))
+        drawn = _draw(weights, u, fallback)
         chosen = torch.where(meta.greedy, chosen, drawn)
     return _result_table(raw, chosen, meta.max_num_logprobs)
+
+
+def _weights(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (the sampling distribution, unnormalized [S, V]: temperature, top-k, top-p, min-p;
+    a token of weight 1 per row, for _draw's fallback)."""
+    scaled = logits / meta.temperature[:, None]
+    if meta.top_k is not None or meta.top_p is not None:
+        scaled = _top_k_top_p(scaled, meta.top_k, meta.top_p)
+    # softmax without its division: the most likely token weighs 1, so min-p's floor is
+    # min_p itself; the argmax of scaled is a token of weight 1 for _draw's fallback
+    top = scaled.max(dim=-1, keepdim=True)
+    weights = (scaled - top.values).exp_()
+    if meta.min_p is not None:
+        weights = weights.masked_fill_(weights < meta.min_p[:, None], 0.0)
+    return weights, top.indices.squeeze(1)
+
+
+def draft_verdicts(logits: torch.Tensor, meta: SamplingMetadata, drafts: torch.Tensor,
+                   default: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of proposals that are certain (prompt lookup proposes one token, so
+    its draft distribution q is a point mass): a row's draft x is accepted with probability
+    min(1, p(x) / q(x)) = p(x); on rejection the token is drawn from the residual
+    max(p - q, 0), which is p without x. A row without a draft (drafts < 0: the last row)
+    draws from p. The tokens so produced are distributed exactly as p's samples (vLLM's
+    rejection sampler). logits [R, V] (no penalties: their history changes along the drafts)
+    -> (accepted [R] bool, the token drawn instead [R])."""
+    weights, fallback = _weights(logits, meta)
+    has_draft = drafts >= 0
+    index = drafts.clamp(min=0)[:, None]
+    p_draft = weights.gather(1, index).squeeze(1) / weights.sum(dim=-1)
+    accept = has_draft & (_uniforms(meta.generators, default, logits.device) < p_draft)
+    residual = torch.where(has_draft[:, None], weights.scatter(1, index, 0.0), weights)
+    fallback = torch.where(residual.gather(1, fallback[:, None]).squeeze(1) > 0, fallback,
+                           residual.argmax(dim=-1))
+    return accept, _draw(residual, _uniforms(meta.generators, default, logits.device), fallback)
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:

@@ -1,11 +1,14 @@
-"""Greedy verification of speculative drafts: the target model's argmax on each draft row
-decides. A draft is kept while it equals the target's choice, so a greedy request's output is
-what it would be without speculation; the target's own token ends each step's list, so a step
-yields one token more than it accepted drafts.
+"""Verification of speculative drafts. The drafts' rows are the last rows of the step's logits
+(the runner puts them after the sampled and prompt-logprob rows): len(drafts) + 1 rows per
+sequence, the last real token's and one per draft; row i is the model's distribution after
+drafts[:i].
 
-The drafts' rows are the last rows of the step's logits (the runner puts them after the
-sampled and prompt-logprob rows): len(drafts) + 1 rows per sequence, the last real token's
-and one per draft."""
+Greedy requests: a draft is kept while it equals the model's argmax, so the output is what it
+would be without speculation. Sampled requests: rejection sampling (sampler.draft_verdicts)
+keeps a draft with the probability the model gives it and otherwise draws from the rest, so
+the tokens are distributed exactly as without speculation. Either way the first rejected
+draft is replaced by the model's own token and ends the step, and when every draft is kept
+the last row adds one more: a step yields one token more than the drafts it kept."""
 
 from __future__ import annotations
 
@@ -13,34 +16,56 @@ from collections.abc import Sequence
 
 import torch
 
-
-def accepted(argmax: Sequence[int], drafts: Sequence[int]) -> list[int]:
-    """Greedy verification: argmax[i] is the target's choice after drafts[:i]; the drafts are
-    kept while they equal it, then the target's own token ends the list (so one token more
-    than the drafts accepted: what a step without speculation would have made, and more)."""
-    out = []
-    for choice, draft in zip(argmax, drafts):
-        out.append(int(choice))
-        if choice != draft:
-            return out
-    out.append(int(argmax[len(drafts)]))
-    return out
+from pyserve.model.sampler import SamplingMetadata, draft_verdicts
 
 
-def verify_argmax(logits: torch.Tensor | None, drafts: list[list[int]]) -> torch.Tensor | None:
-    """The target's greedy choice on every drafts row (the last rows of the logits)."""
+def verify_on_device(logits: torch.Tensor | None, drafts: list[list[int]], sampled: list[int],
+                     meta: SamplingMetadata | None, default: torch.Generator) -> torch.Tensor | None:
+    """-> [2, rows] int64 on the logits' device: per drafts row, the token taken there if its
+    draft is rejected (or after the last), and whether its draft is kept. sampled: which
+    sequences (indices into drafts) are sampled; meta covers their rows, in order."""
     if not drafts:
         return None
     rows = sum(len(d) + 1 for d in drafts)
-    return logits[logits.shape[0] - rows:].argmax(dim=-1)
+    block = logits[logits.shape[0] - rows:]
+    draft_ids = torch.tensor([t for d in drafts for t in (*d, -1)], device=block.device)
+    choice = block.argmax(dim=-1)
+    accept = choice == draft_ids
+    if meta is not None:
+        starts = [0]
+        for d in drafts:
+            starts.append(starts[-1] + len(d) + 1)
+        index = torch.tensor([r for i in sampled for r in range(starts[i], starts[i + 1])],
+                             device=block.device)
+        kept, drawn = draft_verdicts(block[index], meta, draft_ids[index], default)
+        accept[index], choice[index] = kept, drawn
+    return torch.stack([choice, accept.long()])
 
 
-def verify(argmax: torch.Tensor | None, drafts: list[list[int]]) -> list[list[int]]:
-    """Each sequence's kept tokens (accepted drafts, then the target's own)."""
-    if argmax is None:
+def verify(table: torch.Tensor | None, drafts: list[list[int]]) -> list[list[int]]:
+    """Each sequence's tokens for the step (its kept drafts, then the model's own), from
+    verify_on_device's table."""
+    if table is None:
         return []
-    choices, out, row = argmax.tolist(), [], 0
+    choice, accept = table.tolist()
+    out, row = [], 0
     for d in drafts:
-        out.append(accepted(choices[row: row + len(d) + 1], d))
+        out.append(walk(choice[row: row + len(d) + 1], accept[row: row + len(d) + 1], d))
         row += len(d) + 1
     return out
+
+
+def walk(choice: Sequence[int], accept: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    out = []
+    for i, draft in enumerate(drafts):
+        if not accept[i]:
+            out.append(int(choice[i]))
+            return out
+        out.append(int(draft))
+    out.append(int(choice[len(drafts)]))
+    return out
+
+
+def accepted(argmax: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """Greedy verification alone: argmax[i] is the model's choice after drafts[:i]."""
+    return walk(argmax, [a == d for a, d in zip(argmax, drafts)] + [False], drafts)

@@ -5,6 +5,7 @@ caching, preemption, n > 1, stop strings, max_tokens inside a proposal, requests
 speculated beside ones that are), with the books balanced after."""
 
 import pytest
+import torch
 
 from pyserve.config import ConfigError, SpeculativeConfig
 from pyserve.engine.ngram import propose
@@ -89,7 +90,7 @@ def test_stops_lengths_and_siblings_land_where_they_would(pair, params):
 def test_requests_that_are_not_speculated_run_beside_those_that_are(pair):
     plain, spec = pair
     params = [SamplingParams(temperature=0, max_tokens=32),
-              SamplingParams(temperature=0.8, seed=3, max_tokens=32),  # sampled: decoded plainly
+              SamplingParams(temperature=0.8, seed=3, max_tokens=32, presence_penalty=0.5),
               SamplingParams(temperature=0, max_tokens=32, logprobs=2),
               SamplingParams(temperature=0, max_tokens=16, structured_outputs=StructuredOutputsParams(
                   regex="(Paris ){3}"))]
@@ -97,6 +98,49 @@ def test_requests_that_are_not_speculated_run_beside_those_that_are(pair):
     assert ([o.outputs[0].token_ids for o in spec.generate(prompts, params)]
             == [o.outputs[0].token_ids for o in plain.generate(prompts, params)])
     assert_books_balanced(spec)
+
+
+def test_seeded_sampled_requests_speculate_reproducibly(pair):
+    _, spec = pair
+    params = SamplingParams(temperature=0.7, top_p=0.9, seed=11, max_tokens=40)
+    before = spec.engine.stats.spec_drafts
+    first = outputs(spec, REPEATING, params)
+    assert outputs(spec, REPEATING, params) == first
+    assert spec.engine.stats.spec_drafts > before
+    # the runner drops a seeded request's generator when a later step hands over its id
+    spec.generate(REPEATING[:1], SamplingParams(temperature=0, max_tokens=1))
+    assert_books_balanced(spec)
+
+
+def _rejection_sample(logits, draft, trials, **sampling):
+    """The first token of a step with one draft, over many independent trials."""
+    from pyserve.model.sampler import build_metadata, draft_verdicts
+    from pyserve.step import SamplingInputs
+
+    inputs = SamplingInputs(SamplingParams(**sampling), (), 0)
+    meta = build_metadata([inputs] * trials, [None] * trials, logits.shape[-1], torch.device("cpu"))
+    accept, drawn = draft_verdicts(logits.expand(trials, -1).clone(), meta,
+                                   torch.full((trials,), draft), torch.Generator().manual_seed(0))
+    return torch.where(accept, torch.full_like(drawn, draft), drawn)
+
+
+@pytest.mark.parametrize("sampling, draft", [
+    (dict(temperature=1.0), 2), (dict(temperature=0.7), 0),
+    (dict(temperature=1.3, top_k=3), 4),  # the draft is outside top-k: never kept
+    (dict(temperature=0.9, top_p=0.8, min_p=0.05), 1)])
+def test_rejection_sampling_keeps_the_target_distribution(sampling, draft):
+    from pyserve.model.sampler import _weights, build_metadata
+    from pyserve.step import SamplingInputs
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -0.5, 0.1, -2.0]])
+    trials = 40_000
+    tokens = _rejection_sample(logits, draft, trials, **sampling)
+    meta = build_metadata([SamplingInputs(SamplingParams(**sampling), (), 0)], [None], 6,
+                          torch.device("cpu"))
+    weights, _ = _weights(logits, meta)
+    want = (weights / weights.sum())[0]
+    got = torch.bincount(tokens, minlength=6).double() / trials
+    assert (got - want).abs().max() < 0.012, (got, want)  # ~5 standard errors at 40k trials
 
 
 def test_prefix_caching_and_preemption_keep_the_output(pair):
