@@ -154,3 +154,21 @@ def test_step_channel_round_trip():
     for field in ("slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
         a, b = getattr(sent.meta, field), getattr(received.meta, field)
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_speculative_decoding_at_tp2_equals_plain_decoding(tiny_model_factory):
+    """Every rank runs the verify rows' logits collective; rank 0 verifies."""
+    model = str(tiny_model_factory("llama"))
+    prompts = [[1, 5, 9, 5, 9, 5, 9, 5], [1, 7, 8, 7, 8, 7]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(model, kv_cache_memory=1 << 22)
+    want = [o.outputs[0].token_ids for o in plain.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    spec = LLM(model, tensor_parallel_size=2, kv_cache_memory=1 << 22,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                   "prompt_lookup_min": 1})
+    try:
+        got = [o.outputs[0].token_ids for o in spec.generate([{"prompt_token_ids": p} for p in prompts], params)]
+        assert spec.engine.stats.spec_drafts > 0
+    finally:
+        spec.shutdown()
+    assert got == want
