@@ -62,6 +62,7 @@ class ScheduledSequence:
     # verifies them greedily over the last len(draft_token_ids) + 1 rows (sampling is None)
     draft_token_ids: list[int] = field(default_factory=list)
     draft_sampling: SamplingInputs | None = None  # a sampled request's (None: greedy)
+    draft_logprobs: int | None = None  # the request's logprobs (alternatives per token)
 
     @property
     def num_new_tokens(self) -> int:
@@ -125,6 +126,7 @@ class ModelRunnerOutput:
     # per sequence with drafts, in step order: its accepted drafts, then the target's own next
     # token (the first mismatch's argmax, or the bonus token after them all)
     verified: list[list[int]] = field(default_factory=list)
+    verified_logprobs: list = field(default_factory=list)  # per such sequence: SampledLogprobs | None
 
 
 def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:

@@ -196,7 +196,7 @@ class EngineCore:
         self.outputs.record_prompt_logprobs(result.prompt_logprobs, self.requests)
         sampled = result.sampled
         pooled = {chunk.request_id: chunk.data for chunk in result.pooled}
-        verified = iter(result.verified)
+        verified = iter(zip(result.verified, result.verified_logprobs))
         row = 0
         t = now()
         outputs = []
@@ -205,12 +205,12 @@ class EngineCore:
             if seq.sampling is not None:
                 token, lp_row = sampled.token_ids[row], row
                 row += 1
-            tokens = next(verified) if seq.draft_token_ids else None
+            tokens, logprobs = next(verified) if seq.draft_token_ids else (None, None)
             request = self.requests.child(seq.request_id)
             if request is None or request.finished:
                 continue
             if tokens is not None:
-                output = self._speculated(request, seq.draft_token_ids, tokens, t)
+                output = self._speculated(request, seq.draft_token_ids, tokens, logprobs, t)
                 if output is not None:
                     outputs.append(output)
                 continue
@@ -242,13 +242,13 @@ class EngineCore:
             self.requests.remove(group.request_id)
         return output
 
-    def _speculated(self, request, drafts: list[int], tokens: list[int], t: float):
+    def _speculated(self, request, drafts: list[int], tokens: list[int], logprobs, t: float):
         """A verified step: its tokens (accepted drafts, then the target's own) are appended
         until one ends the request; num_computed_tokens advances over the last token before
         the step and the accepted drafts appended (their K/V are right), not past them."""
         appended = 0
-        for token in tokens:
-            self.outputs.add_token(request, token, None, 0, t)
+        for row, token in enumerate(tokens):
+            self.outputs.add_token(request, token, logprobs, row, t)
             appended += 1
             if request.finished:
                 break

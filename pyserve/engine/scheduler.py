@@ -46,7 +46,8 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
         return ScheduledSequence(
             request.request_id, request.all_token_ids[first:last] + drafts, first, block_ids,
             draft_token_ids=list(drafts), draft_sampling=None if params.greedy else SamplingInputs(
-                params, request.eos_token_ids, len(request.output_token_ids)))
+                params, request.eos_token_ids, len(request.output_token_ids)),
+            draft_logprobs=params.logprobs)
     if request.pooling is not None:  # pooled, never sampled
         return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
                                  block_ids, pooling=PoolingInputs(
@@ -72,10 +73,10 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
 
 def _verifiable(request: Request) -> bool:
     """Its next tokens depend on the logits alone, which verification reads (greedily, or by
-    rejection sampling): no logprobs, penalties (their history moves along the drafts), logit
-    bias, grammar or EOS ban (min_tokens) in the way."""
+    rejection sampling): no penalties (their history moves along the drafts), logit bias,
+    grammar or EOS ban (min_tokens) in the way."""
     p = request.params
-    return (p.logprobs is None and not p.penalized and not p.logit_bias
+    return (not p.penalized and not p.logit_bias
             and request.matcher is None and request.pooling is None
             and len(request.output_token_ids) >= p.min_tokens)
 

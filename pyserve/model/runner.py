@@ -66,6 +66,7 @@ class PreparedBatch:
     drafts: list[list[int]] = field(default_factory=list)
     draft_sampled: list[int] = field(default_factory=list)  # which drafts' requests sample
     draft_sampling: SamplingMetadata | None = None  # over those requests' rows, in order
+    draft_logprobs: int = -1  # the most alternatives a drafts row's request asks for (-1: none)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class LaunchedStep:
     table: torch.Tensor | None  # pinned host memory the sampler's result table is copied into
     prompt_logprobs: list[PromptLogprobs]
     pooled: list  # PooledChunk, read with the prompt logprobs (few requests pool)
-    verified: torch.Tensor | None = None  # verify_on_device's table, on the device
+    verified: tuple = (None, None)  # verify_on_device's tables, on the device
 
 
 class ModelRunner:
@@ -164,7 +165,9 @@ class ModelRunner:
                            if step.grammar_bitmask is not None else None) if sampling else None,
             prompt_lp, pooling, drafts, draft_sampled,
             build_metadata(draft_inputs, draft_generators, self.vocab_size, self.device)
-            if draft_inputs else None)
+            if draft_inputs else None,
+            max((s.draft_logprobs for s in seqs if s.draft_token_ids and s.draft_logprobs is not None),
+                default=-1))
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
@@ -194,12 +197,17 @@ class ModelRunner:
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        verified = verify(self._verify_on_device(logits, batch), batch.drafts)
-        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled, verified)
+        verified = self._verified(self._verify_on_device(logits, batch), batch)
+        return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled, *verified)
 
     def _verify_on_device(self, logits: torch.Tensor | None, batch: PreparedBatch):
         return verify_on_device(logits, batch.drafts, batch.draft_sampled, batch.draft_sampling,
-                                self.generator)
+                                self.generator, batch.draft_logprobs)
+
+    @staticmethod
+    def _verified(tables, batch: PreparedBatch):
+        table, logprobs = (None if t is None else t.cpu() for t in tables)
+        return verify(table, batch.drafts, logprobs, batch.draft_logprobs)
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -240,7 +248,7 @@ class ModelRunner:
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
         return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
-                                 verify(step.verified, step.batch.drafts))
+                                 *ModelRunner._verified(step.verified, step.batch))
 
 
 @torch.inference_mode()

@@ -148,7 +148,7 @@ def logprob_columns(logits: torch.Tensor, targets: torch.Tensor, k: int):
     return picked, ranks, logprobs.topk(k, dim=-1) if k > 0 else None
 
 
-def _result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
+def result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tensor:
     """Everything the host needs from the sampler in one tensor, so that it crosses to the
     host in one copy: without logprobs (k < 0) the chosen ids [S] (int64); with them one
     float64 table (exact for float32 values and for ids and ranks below 2**53) of rows
@@ -163,7 +163,7 @@ def _result_table(raw: torch.Tensor, chosen: torch.Tensor, k: int) -> torch.Tens
 
 
 def read_result_table(table: torch.Tensor, k: int) -> SamplerOutput:
-    """A host copy of _result_table's tensor -> the sampler's output."""
+    """A host copy of result_table's tensor -> the sampler's output."""
     if k < 0:
         return SamplerOutput(table.tolist(), None)
     rows = table.tolist()
@@ -173,7 +173,7 @@ def read_result_table(table: torch.Tensor, k: int) -> SamplerOutput:
 
 
 def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> torch.Tensor:
-    """logits: [S, vocab] float32 -> the result table (see _result_table), on the logits'
+    """logits: [S, vocab] float32 -> the result table (see result_table), on the logits'
     device, without waiting for it. A grammar's bitmask goes first, so logprobs, penalties and
     every draw see only the tokens it allows (vLLM's order)."""
     if meta.grammar is not None:
@@ -191,7 +191,7 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torc
         u = _uniforms(meta.generators, default, logits.device)
         drawn = _draw(weights, u, fallback)
         chosen = torch.where(meta.greedy, chosen, drawn)
-    return _result_table(raw, chosen, meta.max_num_logprobs)
+    return result_table(raw, chosen, meta.max_num_logprobs)
 
 
 def _weights(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:

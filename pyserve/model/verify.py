@@ -16,16 +16,18 @@ from collections.abc import Sequence
 
 import torch
 
-from pyserve.model.sampler import SamplingMetadata, draft_verdicts
+from pyserve.model.sampler import SamplingMetadata, draft_verdicts, read_result_table, result_table
 
 
 def verify_on_device(logits: torch.Tensor | None, drafts: list[list[int]], sampled: list[int],
-                     meta: SamplingMetadata | None, default: torch.Generator) -> torch.Tensor | None:
-    """-> [2, rows] int64 on the logits' device: per drafts row, the token taken there if its
-    draft is rejected (or after the last), and whether its draft is kept. sampled: which
-    sequences (indices into drafts) are sampled; meta covers their rows, in order."""
+                     meta: SamplingMetadata | None, default: torch.Generator,
+                     max_logprobs: int = -1):
+    """-> ([2, rows] int64 on the logits' device: per drafts row, the token taken there if its
+    draft is rejected (or after the last), and whether its draft is kept; with max_logprobs
+    >= 0, the sampler's logprob table of each row's token). sampled: which sequences
+    (indices into drafts) are sampled; meta covers their rows, in order."""
     if not drafts:
-        return None
+        return None, None
     rows = sum(len(d) + 1 for d in drafts)
     block = logits[logits.shape[0] - rows:]
     draft_ids = torch.tensor([t for d in drafts for t in (*d, -1)], device=block.device)
@@ -39,20 +41,28 @@ def verify_on_device(logits: torch.Tensor | None, drafts: list[list[int]], sampl
                              device=block.device)
         kept, drawn = draft_verdicts(block[index], meta, draft_ids[index], default)
         accept[index], choice[index] = kept, drawn
-    return torch.stack([choice, accept.long()])
+    logprobs = None
+    if max_logprobs >= 0:  # of the token each row ends up with (raw logits, as the sampler's)
+        logprobs = result_table(block, torch.where(accept, draft_ids, choice), max_logprobs)
+    return torch.stack([choice, accept.long()]), logprobs
 
 
-def verify(table: torch.Tensor | None, drafts: list[list[int]]) -> list[list[int]]:
-    """Each sequence's tokens for the step (its kept drafts, then the model's own), from
-    verify_on_device's table."""
+def verify(table: torch.Tensor | None, drafts: list[list[int]], logprobs: torch.Tensor | None = None,
+           max_logprobs: int = -1) -> tuple[list[list[int]], list]:
+    """(each sequence's tokens for the step: its kept drafts, then the model's own; each
+    sequence's SampledLogprobs of those tokens, row j for token j, or None), from
+    verify_on_device's tables copied to the host."""
     if table is None:
-        return []
+        return [], []
     choice, accept = table.tolist()
-    out, row = [], 0
+    tokens, per_sequence, row = [], [], 0
     for d in drafts:
-        out.append(walk(choice[row: row + len(d) + 1], accept[row: row + len(d) + 1], d))
+        rows = slice(row, row + len(d) + 1)
+        tokens.append(walk(choice[rows], accept[rows], d))
+        per_sequence.append(None if logprobs is None
+                            else read_result_table(logprobs[rows], max_logprobs).logprobs)
         row += len(d) + 1
-    return out
+    return tokens, per_sequence
 
 
 def walk(choice: Sequence[int], accept: Sequence[int], drafts: Sequence[int]) -> list[int]:

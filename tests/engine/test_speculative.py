@@ -60,6 +60,8 @@ def outputs(llm, prompts, params):
 
 
 def assert_books_balanced(llm):
+    # the runner drops a seeded request's generator when a later step hands over its id
+    llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=1))
     core = llm.engine
     assert not core.has_unfinished() and len(core.requests) == 0
     assert core.kv.num_free_blocks == core.kv.num_blocks
@@ -100,6 +102,22 @@ def test_requests_that_are_not_speculated_run_beside_those_that_are(pair):
     assert_books_balanced(spec)
 
 
+def test_logprobs_of_speculated_tokens_equal_plain_decodings(pair):
+    plain, spec = pair
+    params = SamplingParams(temperature=0, max_tokens=32, logprobs=3, ignore_eos=True)
+    before = spec.engine.stats.spec_accepted_tokens
+    want, got = plain.generate(REPEATING, params), spec.generate(REPEATING, params)
+    assert spec.engine.stats.spec_accepted_tokens > before
+    for a, b in zip(want, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert len(b.outputs[0].logprobs) == len(b.outputs[0].token_ids)
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert list(x) == list(y)  # the chosen token first, then the same top 3
+            for token in x:
+                assert x[token].rank == y[token].rank
+                assert x[token].logprob == pytest.approx(y[token].logprob, abs=1e-4)
+
+
 def test_seeded_sampled_requests_speculate_reproducibly(pair):
     _, spec = pair
     params = SamplingParams(temperature=0.7, top_p=0.9, seed=11, max_tokens=40)
@@ -107,8 +125,6 @@ def test_seeded_sampled_requests_speculate_reproducibly(pair):
     first = outputs(spec, REPEATING, params)
     assert outputs(spec, REPEATING, params) == first
     assert spec.engine.stats.spec_drafts > before
-    # the runner drops a seeded request's generator when a later step hands over its id
-    spec.generate(REPEATING[:1], SamplingParams(temperature=0, max_tokens=1))
     assert_books_balanced(spec)
 
 
