@@ -78,6 +78,10 @@ class SchedulerOutput:
     # allowed) and the sampled rows (in step order) it constrains; None when none is
     grammar_bitmask: object = None
     constrained_rows: list[int] = field(default_factory=list)
+    # the same for the drafts rows (in their order: len(drafts) + 1 rows per sequence with
+    # drafts): row i allows what the grammar allows after the sequence's first i drafts
+    draft_bitmask: object = None
+    draft_constrained_rows: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,7 @@ import torch
 
 from pyserve.config import Config
 from pyserve.engine.admission import Admission, Limits, admit_pooling
+from pyserve.engine.books import engine_books
 from pyserve.engine.generation_defaults import load_generation_defaults
 from pyserve.engine.output import RequestOutput
 from pyserve.engine.output_processor import OutputProcessor
@@ -131,8 +132,9 @@ class EngineCore:
         self.scheduler.add(group.children[0])
         return group
 
-    def abort(self, request_id: str) -> None:
-        group = self.requests.remove(request_id)
+    def abort(self, request_id: str, outcome: str = "aborted") -> None:
+        """Ends the request, if it is still known, by outcome: "aborted" or "errored"."""
+        group = self.requests.remove(request_id, outcome)
         if group is None:
             return
         group.pending = []
@@ -163,7 +165,30 @@ class EngineCore:
         if matchers:
             step.grammar_bitmask = fill_bitmask(matchers, row, self.vocab_size)
             step.constrained_rows = sorted(matchers)
+        self._draft_masks(step)
         return step
+
+    def _draft_masks(self, step: SchedulerOutput) -> None:
+        """Grammar masks for the drafts rows of constrained requests: a fork of the request's
+        matcher walks its drafts, filling each row's mask before taking the next draft. A
+        draft the grammar refuses is masked out of its own row, so verification rejects it
+        there and the rows after it are never read."""
+        rows, row = {}, 0
+        for seq in step.sequences:
+            if not seq.draft_token_ids:
+                continue
+            matcher = self.requests.child(seq.request_id).matcher
+            if matcher is not None and not matcher.is_terminated():
+                walker = matcher.fork()
+                for i in range(len(seq.draft_token_ids) + 1):
+                    rows[row + i] = walker.fork()  # the state after the first i drafts
+                    if (i == len(seq.draft_token_ids) or not walker.accept_token(seq.draft_token_ids[i])
+                            or walker.is_terminated()):
+                        break
+            row += len(seq.draft_token_ids) + 1
+        if rows:
+            step.draft_bitmask = fill_bitmask(rows, row, self.vocab_size)
+            step.draft_constrained_rows = sorted(rows)
 
     def prepare(self, step: SchedulerOutput):
         return self.executor.prepare(step)
@@ -239,7 +264,7 @@ class EngineCore:
         output = self.outputs.output(group, request)
         if group.finished:
             self.stats.on_group_finished(group.children)
-            self.requests.remove(group.request_id)
+            self.requests.remove(group.request_id, "finished")
         return output
 
     def _speculated(self, request, drafts: list[int], tokens: list[int], logprobs, t: float):
@@ -268,7 +293,7 @@ class EngineCore:
             return None
         request.finish("stop")
         self.scheduler.finish(request)
-        self.requests.remove(request.group_id)
+        self.requests.remove(request.group_id, "finished")
         self.stats.on_pooled(request, t)
         return RequestOutput(request.group_id, request.prompt, request.prompt_token_ids, [],
                              finished=True, num_cached_tokens=request.num_cached_tokens,
@@ -328,6 +353,10 @@ class EngineCore:
     def shutdown(self) -> None:
         """Stops the worker processes, if any. The engine cannot step afterwards."""
         self.executor.shutdown()
+
+    def books(self, count_references: bool = False) -> dict:
+        """Requests accepted and ended, and the per-request state left (engine/books.py)."""
+        return engine_books(self, count_references)
 
     def snapshot(self) -> dict:
         """The figures a server exposes: queue sizes, cache use, totals and latencies."""

@@ -73,11 +73,13 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
 
 def _verifiable(request: Request) -> bool:
     """Its next tokens depend on the logits alone, which verification reads (greedily, or by
-    rejection sampling): no penalties (their history moves along the drafts), logit bias,
-    grammar or EOS ban (min_tokens) in the way."""
+    rejection sampling, under the grammar's masks if it has one): no penalties (their
+    history moves along the drafts), logit bias, EOS ban (min_tokens) or reasoning that may
+    end inside the drafts (the grammar would start there) in the way."""
     p = request.params
     return (not p.penalized and not p.logit_bias
-            and request.matcher is None and request.pooling is None
+            and (request.matcher is None or request.grammar_after is None)
+            and request.pooling is None
             and len(request.output_token_ids) >= p.min_tokens)
 
 
@@ -101,6 +103,11 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_finished_pending(self) -> int:
+        """Requests ended since the last step with sequences: the runner hears of them then."""
+        return len(self._finished_ids)
 
     def schedule(self) -> SchedulerOutput:
         """This step's sequences. A step with none still hands over the finished ids only when

@@ -67,6 +67,7 @@ class PreparedBatch:
     draft_sampled: list[int] = field(default_factory=list)  # which drafts' requests sample
     draft_sampling: SamplingMetadata | None = None  # over those requests' rows, in order
     draft_logprobs: int = -1  # the most alternatives a drafts row's request asks for (-1: none)
+    draft_grammar: tuple | None = None  # (bitmask, rows) over the drafts rows, or None
 
 
 @dataclass
@@ -167,7 +168,8 @@ class ModelRunner:
             build_metadata(draft_inputs, draft_generators, self.vocab_size, self.device)
             if draft_inputs else None,
             max((s.draft_logprobs for s in seqs if s.draft_token_ids and s.draft_logprobs is not None),
-                default=-1))
+                default=-1),
+            (step.draft_bitmask, step.draft_constrained_rows) if step.draft_bitmask is not None else None)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
@@ -202,7 +204,7 @@ class ModelRunner:
 
     def _verify_on_device(self, logits: torch.Tensor | None, batch: PreparedBatch):
         return verify_on_device(logits, batch.drafts, batch.draft_sampled, batch.draft_sampling,
-                                self.generator, batch.draft_logprobs)
+                                self.generator, batch.draft_logprobs, batch.draft_grammar)
 
     @staticmethod
     def _verified(tables, batch: PreparedBatch):

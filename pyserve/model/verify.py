@@ -16,20 +16,24 @@ from collections.abc import Sequence
 
 import torch
 
+from pyserve.structured.bitmask import apply_bitmask
 from pyserve.model.sampler import SamplingMetadata, draft_verdicts, read_result_table, result_table
 
 
 def verify_on_device(logits: torch.Tensor | None, drafts: list[list[int]], sampled: list[int],
                      meta: SamplingMetadata | None, default: torch.Generator,
-                     max_logprobs: int = -1):
+                     max_logprobs: int = -1, grammar: tuple | None = None):
     """-> ([2, rows] int64 on the logits' device: per drafts row, the token taken there if its
     draft is rejected (or after the last), and whether its draft is kept; with max_logprobs
     >= 0, the sampler's logprob table of each row's token). sampled: which sequences
-    (indices into drafts) are sampled; meta covers their rows, in order."""
+    (indices into drafts) are sampled; meta covers their rows, in order. grammar: (token
+    bitmask, the drafts rows it constrains), applied first, as the sampler applies its own."""
     if not drafts:
         return None, None
     rows = sum(len(d) + 1 for d in drafts)
     block = logits[logits.shape[0] - rows:]
+    if grammar is not None:
+        apply_bitmask(block, *grammar)
     draft_ids = torch.tensor([t for d in drafts for t in (*d, -1)], device=block.device)
     choice = block.argmax(dim=-1)
     accept = choice == draft_ids

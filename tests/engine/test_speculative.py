@@ -4,6 +4,9 @@ without speculation, token for token, across what a step can hold (chunked promp
 caching, preemption, n > 1, stop strings, max_tokens inside a proposal, requests that are not
 speculated beside ones that are), with the books balanced after."""
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -116,6 +119,33 @@ def test_logprobs_of_speculated_tokens_equal_plain_decodings(pair):
             for token in x:
                 assert x[token].rank == y[token].rank
                 assert x[token].logprob == pytest.approx(y[token].logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("constraint", [
+    StructuredOutputsParams(regex="(Paris, ){5}Paris"),  # drafts the grammar allows
+    StructuredOutputsParams(json={"type": "object", "properties": {"city": {"type": "string"},
+                                                                   "again": {"type": "string"}},
+                                  "required": ["city", "again"]}),
+    StructuredOutputsParams(choice=["Paris, Paris, Paris", "Lyon"]),
+])
+def test_grammars_mask_the_drafts_rows(pair, constraint):
+    plain, spec = pair
+    prompt = "Paris, Paris, Paris, Paris. Answer as asked: Paris, Paris,"
+    params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=constraint),
+              SamplingParams(temperature=0.9, seed=5, max_tokens=40, structured_outputs=constraint)]
+    want = plain.generate([prompt], params[0])[0].outputs[0].text
+    before = spec.engine.stats.spec_drafts
+    greedy, sampled = spec.generate([prompt, prompt], params)
+    assert greedy.outputs[0].text == want
+    assert spec.engine.stats.spec_drafts > before
+    text = sampled.outputs[0].text  # sampled under the grammar: still inside it
+    if constraint.regex:
+        assert re.fullmatch(constraint.regex, text)
+    elif constraint.choice:
+        assert text in constraint.choice
+    else:
+        assert set(json.loads(text)) == {"city", "again"}
+    assert_books_balanced(spec)
 
 
 def test_seeded_sampled_requests_speculate_reproducibly(pair):
