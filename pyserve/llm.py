@@ -8,10 +8,12 @@ import itertools
 from collections.abc import Sequence
 
 from pyserve.config import Config
+from pyserve.engine import beam_driver
+from pyserve.engine.beam_search import BeamSearchOutput
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from pyserve.pooling_params import PoolingParams
-from pyserve.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pyserve.executor.multiproc import refuse_in_bootstrapping_child
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
@@ -76,6 +78,21 @@ class LLM:
             rid, ids, params, prompt=text))
         return [EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled.tolist()),
                                        o.prompt_token_ids, o.finished) for o in outputs]
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search (engine/beam_search.py): per prompt a BeamSearchOutput, its
+        sequences the best beams, best first (tokens: prompt and generated; text: all of them
+        decoded; cum_logprob; logprobs). concurrency_limit: prompts searched together."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        searches = [beam_driver.start(self.engine, self._token_ids(p)[1], params) for p in prompts]
+        step = concurrency_limit or max(len(searches), 1)
+        outputs: list[BeamSearchOutput] = []
+        for at in range(0, len(searches), step):
+            outputs += beam_driver.run_offline(self.engine, searches[at:at + step],
+                                               f"beam-{next(self._ids)}")
+        return outputs
 
     def _run(self, prompts, add) -> list[RequestOutput]:
         """add(index, request id, token ids, text) admits each prompt; then the engine steps

@@ -125,3 +125,38 @@ class SamplingParams:
     def penalized(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's BeamSearchParams (engine/beam_search.py runs the search). pyserve adds what its
+    server forwards: stop strings and stop token ids that end a beam (vLLM's beam search
+    ignores both), logprobs (how many top logprobs a response shows per token) and seed (each
+    round's draw at a temperature above 0)."""
+
+    beam_width: int
+    max_tokens: int | None  # None: up to the model length
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise InvalidRequest("n", f"the beam width (n) must be at least 1, got {self.beam_width}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequest("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0.0:
+            raise InvalidRequest("temperature", f"temperature must be non-negative, got {self.temperature}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequest("stop", "stop must be a non-empty string or a list of them")
+
+    @property
+    def n(self) -> int:
+        """The beams returned: the beam width (vLLM's `n` with use_beam_search)."""
+        return self.beam_width

@@ -65,6 +65,12 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     return max_tokens
 
 
+def check_admissible(prompt_token_ids: list[int], params: SamplingParams, limits: Limits) -> int:
+    """Admission's checks without admitting (beam search checks its whole search up front):
+    InvalidRequest naming what makes the request impossible, else its max_tokens."""
+    return _admissible_max_tokens(prompt_token_ids, params, limits)
+
+
 def _check_logprobs(n: int, max_tokens: int, params: SamplingParams, limits: Limits) -> None:
     """vLLM's rule: -1 is the whole vocabulary, and neither count may pass --max-logprobs
     (-1: the vocabulary). Beyond that, the memory guards on what one response may hold."""

@@ -22,12 +22,13 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from pyserve.engine import beam_driver
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.pooling_params import ModelPooler, PoolingParams
 from pyserve.structured.compiler import GrammarError
-from pyserve.sampling_params import SamplingParams
+from pyserve.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("pyserve")
 
@@ -124,6 +125,10 @@ class AsyncEngine:
     def snapshot(self) -> dict:
         return self.core.snapshot()
 
+    def books(self, count_references: bool = False) -> dict:
+        """The core's books (engine/books.py) and the streams still open."""
+        return {**self.core.books(count_references), "streams_open": len(self._streams)}
+
     @property
     def executor_description(self) -> str:
         return self.core.executor.description
@@ -179,7 +184,7 @@ class AsyncEngine:
             self._task.cancel()
         for request_id, queue in list(self._streams.items()):
             try:
-                self.core.abort(request_id)
+                self.core.abort(request_id, "errored")
             except Exception:  # the state that killed the engine; the stream still gets told
                 logger.exception("aborting %s after the engine died", request_id)
             queue.put_nowait(EngineDeadError(f"the engine died: {reason}"))
@@ -201,11 +206,14 @@ class AsyncEngine:
             self._completion = None
         self.core.shutdown()
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                    prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | BeamSearchParams,
+                    request_id: str, prompt: str | None = None,
+                    priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Admits the request now (ValueError if it can never run) and returns its stream.
         Leaving the iteration early (break, cancellation, a client gone) aborts the request;
-        a stream never iterated must be ended with discard()."""
+        a stream never iterated must be ended with discard(). BeamSearchParams: beam_search."""
+        if isinstance(params, BeamSearchParams):
+            return self.beam_search(prompt_token_ids, params, request_id, prompt, priority)
         self._check_alive()
         self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
         return self._open_stream(request_id)
@@ -218,6 +226,15 @@ class AsyncEngine:
         self._check_alive()
         self.core.add_pooling_request(request_id, prompt_token_ids, params, prompt, priority)
         return self._open_stream(request_id)
+
+    def beam_search(self, prompt_token_ids: list[int], params: BeamSearchParams, request_id: str,
+                    prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """vLLM's beam search over this engine (engine/beam_driver.py): checked now
+        (InvalidRequest if it can never run), run as the stream is iterated; it yields one
+        output, the n best beams. Leaving it early aborts its round's requests."""
+        self._check_alive()
+        search = beam_driver.start(self.core, prompt_token_ids, params)
+        return beam_driver.stream(self, search, request_id, prompt, prompt_token_ids, priority)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
@@ -352,7 +369,7 @@ class AsyncEngine:
         gets the error) rather than silently stuck."""
         try:
             for request_id in self.core.group_ids(step):
-                self.core.abort(request_id)
+                self.core.abort(request_id, "errored")
                 queue = self._streams.get(request_id)
                 if queue is not None:
                     queue.put_nowait(EngineDeadError(f"engine step failed: {exc}"))

@@ -24,6 +24,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None  # set by beam search (vLLM's field)
 
 
 @dataclass

@@ -19,7 +19,8 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def server(default_model_dir):
-    srv = ServerProcess("--served-model-name", MODEL, "smol", "--trust-request-chat-template")
+    srv = ServerProcess("--served-model-name", MODEL, "smol", "--trust-request-chat-template",
+                        "--enable-debug-endpoints")
     yield srv
     assert srv.stop() == 0
 
@@ -132,7 +133,7 @@ def test_stream_usage_when_asked_counted_per_choice(client):
       "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"use_beam_search": True}, "use_beam_search"),
+    ({"use_beam_search": True, "top_p": 0.5}, "top_p"),  # beam search reads no top_p
     ({"logits_processors": ["my.module:Processor"]}, "logits_processors"),
     ({"prompt": "x"}, "prompt"),
     ({"seed": "abc"}, "seed"),

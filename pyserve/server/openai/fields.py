@@ -2,7 +2,8 @@
 none is ignored unseen:
 
 - IMPLEMENTED: read somewhere in server/openai/ (params.py, serving.py, messages.py,
-  structured.py) with vLLM's meaning;
+  structured.py) with vLLM's meaning; with use_beam_search, the sampling fields beam search
+  does not read are a 400 when set off their neutral values (params.beam_search_params);
 - NO_EFFECT: fields that change nothing in the output, in vLLM either (`user`, `store`,
   `metadata`, ...): accepted;
 - REFUSED_UNLESS_DEFAULT: what pyserve does not implement; a request that sets one to anything
@@ -28,6 +29,7 @@ _COMMON = {
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "best_of", "allowed_token_ids", "bad_words",
     "truncation_side", "return_token_ids", "return_tokens_as_token_ids",
+    "use_beam_search", "length_penalty",  # vLLM's beam search (engine/beam_search.py)
 }
 IMPLEMENTED = {
     "completions": _COMMON | {"prompt", "echo", "suffix"},
@@ -38,7 +40,7 @@ IMPLEMENTED = {
 NO_EFFECT = {"user", "store", "metadata", "service_tier"}
 # field -> its default: anything else is refused
 REFUSED_UNLESS_DEFAULT = {
-    "use_beam_search": False, "length_penalty": 1.0, "logits_processors": None,
+    "logits_processors": None,
     "cache_salt": None,
     "kv_transfer_params": None, "vllm_xargs": None, "mm_processor_kwargs": None,
     "prompt_embeds": None, "echo_chat": None, "reasoning_effort": None, "audio": None,

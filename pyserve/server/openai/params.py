@@ -9,8 +9,9 @@ import re
 from typing import Any
 
 from pyserve.errors import InvalidRequest
-from pyserve.sampling_params import RequestOutputKind, SamplingParams
+from pyserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pyserve.server.errors import APIError
+from pyserve.server.openai.structured import structured_outputs
 
 _INT64 = (-2**63, 2**63 - 1)
 _INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
@@ -173,3 +174,36 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
         raise APIError(400, exc.message, exc.param) from None
     except TypeError as exc:
         raise APIError(400, f"invalid sampling parameter: {exc}") from None
+
+
+# Sampling fields vLLM's beam search does not read (it ignores them): a beam-search request that
+# sets one off its neutral value is a 400 naming it here, never silently ignored.
+_NOT_WITH_BEAMS = {"top_p": (float, (1.0,)), "top_k": (int, (0, -1)), "min_p": (float, (0.0,)),
+                   "presence_penalty": (float, (0.0,)), "frequency_penalty": (float, (0.0,)),
+                   "repetition_penalty": (float, (1.0,)), "min_tokens": (int, (0,)),
+                   "prompt_logprobs": (int, ())}
+
+
+def beam_search_params(body: dict, params: SamplingParams) -> SamplingParams | BeamSearchParams:
+    """With use_beam_search: vLLM's BeamSearchParams from the request's fields (n is the beam
+    width; temperature as sampling resolves it, the model's default included); else params."""
+    if not field(body, "use_beam_search", bool, False):
+        return params
+    for name, (kind, neutral) in _NOT_WITH_BEAMS.items():
+        value = field(body, name, kind)
+        if value is not None and value not in neutral:
+            raise APIError(400, f"{name} is not supported with beam search", name)
+    if body.get("logit_bias"):
+        raise APIError(400, "logit_bias is not supported with beam search", "logit_bias")
+    if params.structured_outputs is not None:
+        raise APIError(400, "structured outputs are not supported with beam search",
+                       structured_outputs(body)[1] or "tool_choice")
+    try:
+        return BeamSearchParams(
+            beam_width=params.n, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+            temperature=params.temperature, length_penalty=field(body, "length_penalty", float, 1.0),
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens, stop=params.stop_strings,
+            stop_token_ids=tuple(params.stop_token_ids), logprobs=params.logprobs, seed=params.seed)
+    except InvalidRequest as exc:
+        raise APIError(400, exc.message, exc.param) from None

@@ -10,14 +10,13 @@ import uuid
 
 import orjson
 
-
 from pyserve.config import ServerConfig
 from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from pyserve.errors import InvalidRequest
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
-from pyserve.server.openai.params import (check_unsupported, field, requested_max_tokens,
-                                          sampling_params)
+from pyserve.server.openai.params import (beam_search_params, check_unsupported, field,
+                                          requested_max_tokens, sampling_params)
 from pyserve.server.openai import objects
 from pyserve.server.openai.chat_output import ChoiceOutput
 from pyserve.server.openai.fields import check_fields
@@ -223,7 +222,7 @@ class OpenAIServing:
                                  max_tokens=1 if echo_only else max_tokens)
         if echo and logprobs is not None and params.prompt_logprobs is None:
             params = dataclasses.replace(params, prompt_logprobs=logprobs)  # echoed tokens are scored
-        params = await self._constrained(body, params)
+        params = beam_search_params(body, await self._constrained(body, params))
         prompts = await self._prompts(body, max_tokens)
         return await self._respond(request, body, prompts, params, stream, chat=False,
                                    echo=echo, echo_only=echo_only)
@@ -250,7 +249,7 @@ class OpenAIServing:
         mode, tools = tool_mode(body, True, self.config.enable_auto_tool_choice)
         choice = body.get("tool_choice")
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
-        params = await self._constrained(body, params, forced)
+        params = beam_search_params(body, await self._constrained(body, params, forced))
         prompt = await self._chat_prompt(body, tools, requested_max_tokens(body, chat=True))
         # vLLM: the response speaks as --response-role after a generation prompt, else it
         # continues the last message's role
