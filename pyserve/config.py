@@ -60,6 +60,12 @@ class CacheConfig:
     kv_block_order: str = "auto"  # "resident" on the CPU, "lru" on a GPU (see --kv-block-order)
 
 
+# Speculation pays while a step reads weights more than it computes: on the CPU one stream's
+# step of 1 + 4 tokens costs about twice a 1-token one, and at a batch of a few streams the
+# steps are compute-bound already (benchmarks/spec_decode.py measures both)
+DEFAULT_SPEC_BATCH_LIMIT = 4
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's --speculative-config, method "ngram" (prompt lookup): up to
@@ -70,6 +76,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    # vLLM's key: no proposals while more requests than this run (None: at any batch size)
+    disable_by_batch_size: int | None = DEFAULT_SPEC_BATCH_LIMIT
 
     @staticmethod
     def from_json(value) -> "SpeculativeConfig":
@@ -96,7 +104,10 @@ class SpeculativeConfig:
         lo = value.get("prompt_lookup_min", min(hi, 1) if isinstance(hi, int) else 1)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
             raise ConfigError("--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max")
-        return SpeculativeConfig(method, k, hi, lo)
+        limit = value.get("disable_by_batch_size", DEFAULT_SPEC_BATCH_LIMIT)
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigError("--speculative-config: disable_by_batch_size must be a positive integer")
+        return SpeculativeConfig(method, k, hi, lo, limit)
 
 
 @dataclass(frozen=True)

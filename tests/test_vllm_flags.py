@@ -29,7 +29,7 @@ HONOURED_EXAMPLES = {
                                      (("temperature", 0.5), ("top_p", 0.9))),
     "--max-logprobs": (["--max-logprobs", "-1"], -1),
     "--speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
-                             SpeculativeConfig("ngram", 3, 4, 1)),
+                             SpeculativeConfig("ngram", 3, 4, 1, 4)),
     "--pooler-config": (["--pooler-config", '{"pooling_type": "MEAN", "normalize": false}'],
                         PoolerConfig("MEAN", False)),
     "--download-dir": (["--download-dir", "{dir}"], "{dir}"),
@@ -75,7 +75,7 @@ HONOURED_EXAMPLES = {
 FOREIGN_EXAMPLES = [
     (["--enable-chunked-prefill"], "honoured"),
     (["--no-enable-chunked-prefill"], "warned"),
-    (["--disable-sliding-window"], "honoured"),
+    (["--disable-sliding-window"], "warned"),
     (["--disable-frontend-multiprocessing"], "honoured"),
     (["--preemption-mode", "recompute"], "honoured"),
     (["--preemption-mode", "swap"], "refused"),

@@ -279,6 +279,7 @@ class EngineCore:
                 break
         self.scheduler.computed(request, 1 + min(appended, len(tokens) - 1))
         self.stats.on_speculated(len(drafts), len(tokens) - 1)
+        self.scheduler.verified(request, len(drafts), len(tokens) - 1)
         group = self.requests.group_of(request)
         self._release_siblings(group)
         return self._advanced(group, request)

@@ -1,7 +1,11 @@
 """Prompt-lookup (n-gram) proposals for speculative decoding, as vLLM's "ngram" method: the
 request's last n tokens (n from prompt_lookup_max down to prompt_lookup_min) are looked up
 earlier in its prompt and output; the tokens that followed the most recent earlier match are
-proposed. Vectorised over the token history (numpy), no Python loop per token."""
+proposed. Vectorised over the token history (numpy), no Python loop per token.
+
+Backoff: each request proposes up to its own lookahead, which next_lookahead moves after every
+verified step, so a request whose text does not repeat soon stops paying for rejected rows;
+at 0 it pauses for PAUSE_TOKENS output tokens, then tries one draft again."""
 
 from __future__ import annotations
 
@@ -25,3 +29,18 @@ def propose(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
             return history[start: start + k].tolist()
     return []
 
+
+
+# a request whose drafts keep failing stops proposing for this many output tokens
+PAUSE_TOKENS = 16
+
+
+def next_lookahead(k: int, drafted: int, kept: int, limit: int) -> int:
+    """How many drafts a request proposes next, after one verified step: one more when all
+    were kept (up to the limit), half as many when none was (0: pause), else one past what
+    was kept (the length that paid)."""
+    if kept == drafted:
+        return min(limit, k + 1)
+    if kept == 0:
+        return k // 2
+    return min(limit, kept + 1)

@@ -53,6 +53,10 @@ class Request:
         self.matcher = None
         # with a reasoning model, the grammar starts after this token (the end of thinking)
         self.grammar_after: int | None = None
+        # speculative decoding: drafts to propose next (None: the configured number), and the
+        # output length at which a paused request (lookahead 0) tries again
+        self.lookahead: int | None = None
+        self.lookahead_resume = 0
         # a pooling (embedding) request: its PoolingState (engine/pooling.py); it never samples
         self.pooling = None
 

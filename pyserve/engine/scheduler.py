@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 
 from pyserve.config import SchedulerConfig
-from pyserve.engine.ngram import propose
+from pyserve.engine.ngram import PAUSE_TOKENS, next_lookahead, propose
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
 from pyserve.step import (PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
@@ -189,7 +189,14 @@ class Scheduler:
         spec = self.config.speculative_config
         if spec is None or n != 1 or not _verifiable(request):
             return []
-        room = min(spec.num_speculative_tokens, budget - 1,
+        if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
+            return []  # a batch this large is compute-bound: extra rows cost what they save
+        k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
+        if k == 0:
+            if len(request.output_token_ids) < request.lookahead_resume:
+                return []
+            k = request.lookahead = 1
+        room = min(k, budget - 1,
                    request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:
@@ -199,6 +206,14 @@ class Scheduler:
                                                     request.num_computed_tokens + 1 + len(drafts)):
             return []
         return drafts
+
+    def verified(self, request: Request, drafted: int, kept: int) -> None:
+        """A speculated step's outcome: the request's next lookahead (engine/ngram.py)."""
+        spec = self.config.speculative_config
+        k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
+        request.lookahead = next_lookahead(k, drafted, kept, spec.num_speculative_tokens)
+        if request.lookahead == 0:
+            request.lookahead_resume = len(request.output_token_ids) + PAUSE_TOKENS
 
     def _index_after(self, request: Request) -> int:
         try:

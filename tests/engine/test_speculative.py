@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from pyserve.config import ConfigError, SpeculativeConfig
-from pyserve.engine.ngram import propose
+from pyserve.engine.ngram import next_lookahead, propose
 from pyserve.llm import LLM
 from pyserve.model.verify import accepted
 from pyserve.sampling_params import SamplingParams
 from pyserve.sampling_params import StructuredOutputsParams
 
+# at any batch size, so that batches of several requests speculate too
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-         "prompt_lookup_min": 2}
+         "prompt_lookup_min": 2, "disable_by_batch_size": None}
 REPEATING = ["The capital of France is Paris. The capital of France is",
              "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
              "one two three four five six seven one two three four five six seven one two"]
@@ -39,8 +40,27 @@ def test_verification_keeps_drafts_while_they_equal_the_argmax():
     assert accepted([4, 6, 7, 8], [5, 6, 7]) == [4]  # none kept: one token, as without drafts
 
 
+def test_the_lookahead_backs_off_and_recovers():
+    assert next_lookahead(4, 4, 4, 4) == 4 and next_lookahead(2, 2, 2, 4) == 3
+    assert next_lookahead(4, 4, 1, 4) == 2  # one past what paid
+    assert next_lookahead(4, 4, 0, 4) == 2 and next_lookahead(1, 1, 0, 4) == 0  # halved, then paused
+
+
+def test_no_proposals_beyond_the_batch_limit(pair):
+    plain, _ = pair
+    limited = LLM(None, max_model_len=1024, max_num_batched_tokens=64,
+                  speculative_config={**NGRAM, "disable_by_batch_size": 2})
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    limited.generate(REPEATING, params)  # three at once: above the limit
+    assert limited.engine.stats.spec_drafts == 0
+    limited.generate(REPEATING[:2], params)
+    assert limited.engine.stats.spec_drafts > 0
+    assert outputs(limited, REPEATING, params) == outputs(plain, REPEATING, params)
+
+
 def test_the_config_is_vllms_json():
-    assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2)
+    assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2, None)
+    assert SpeculativeConfig.from_json({"num_speculative_tokens": 2}).disable_by_batch_size == 4
     for bad in ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
                 {"method": "ngram"}, {"method": "ngram", "num_speculative_tokens": 0},
                 {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
