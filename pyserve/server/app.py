@@ -167,6 +167,10 @@ def _build_routes(state: ServerState, engine) -> Router:
     router.add("GET", "/v1/responses/{response_id}", responses.retrieve)
     router.add("DELETE", "/v1/responses/{response_id}", responses.delete)
     _add_vllm_routes(state, router, serving)
+    if state.config.server.enable_debug_endpoints:  # else 404, as any unknown path
+        from pyserve.server.debug import books_handler
+
+        router.add("GET", "/debug/books", books_handler(engine))
     return router
 
 
@@ -207,7 +211,8 @@ async def serve(config: Config) -> int:
     srv = config.server
     limits = HTTPLimits(max_header_bytes=srv.max_header_bytes,
                         max_body_bytes=srv.max_request_body_bytes,
-                        header_timeout_s=srv.header_timeout, keepalive_timeout_s=srv.keepalive_timeout)
+                        header_timeout_s=srv.header_timeout, keepalive_timeout_s=srv.keepalive_timeout,
+                        body_timeout_s=srv.body_timeout)
     server = await loop.create_server(
         lambda: HTTPProtocol(state.handle, limits, error_body=lambda s, m: error_body(s, m)), sock=sock)
 

@@ -7,15 +7,25 @@ transport's buffer is above its high-water mark, so a slow reader pauses only it
 When the peer goes away the running handler is cancelled at once, which is how a request
 in the engine gets aborted.
 
-Limits: headers over limits.max_header_bytes -> 431, a body over limits.max_body_bytes -> 413,
-malformed HTTP -> 400; each closes the connection. Timeouts: a request whose headers have not
-arrived within header_timeout_s, or an idle keep-alive connection after keepalive_timeout_s,
-is closed."""
+Limits: headers over limits.max_header_bytes or more than limits.max_headers of them -> 431, a
+body over limits.max_body_bytes -> 413, malformed HTTP -> 400; each closes the connection.
+Timeouts: a request whose headers have not arrived within header_timeout_s, or an idle keep-alive
+connection after keepalive_timeout_s, is closed; a body not complete within body_timeout_s of its
+headers gets 408 and is closed.
+
+Framing (request smuggling): a message is framed one way only, or refused with 400 and closed.
+llhttp runs strict (no leniency flag is ever set) and already refuses Content-Length together
+with Transfer-Encoding, a repeated or non-decimal Content-Length, a repeated Transfer-Encoding,
+whitespace before a header's colon, CR, LF or other control bytes in names and values, bare LF
+line ends, chunk sizes that are not hex or overflow 64 bits and chunk data not followed by CRLF.
+On top of it we refuse any Transfer-Encoding but the single coding `chunked`, and one on an
+HTTP/1.0 request (RFC 9112 6.1). A response header that would carry CR, LF or NUL is dropped."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,14 +36,20 @@ import orjson
 
 logger = logging.getLogger("pyserve.http")
 _MAX_PIPELINED = 16  # parsed requests waiting on one connection before reading pauses
+_LENIENCIES = ("lenient_headers", "lenient_chunked_length", "lenient_keep_alive",
+               "lenient_transfer_encoding", "lenient_version", "lenient_data_after_close",
+               "lenient_optional_lf_after_cr", "lenient_optional_cr_before_lf",
+               "lenient_optional_crlf_after_chunk", "lenient_spaces_after_chunk_size")
 
 
 @dataclass(frozen=True)
 class HTTPLimits:
     max_header_bytes: int = 64 * 1024
+    max_headers: int = 256  # header lines per request
     max_body_bytes: int = 32 * 1024 * 1024
     header_timeout_s: float = 30.0
     keepalive_timeout_s: float = 5.0
+    body_timeout_s: float = 60.0  # from the end of the headers to the end of the body
 
 
 @dataclass
@@ -74,9 +90,34 @@ def _status_line(status: int) -> bytes:
     return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
 
 
+_UNSAFE_IN_HEADER = re.compile(r"[\r\n\0]")
+
+
+def _header_line(name: str, value: str) -> bytes:
+    if _UNSAFE_IN_HEADER.search(name) or _UNSAFE_IN_HEADER.search(value):
+        # llhttp refuses these bytes in requests, so this is a bug of ours: never split a response
+        logger.error("dropped response header %r: its name or value has CR, LF or NUL", name)
+        return b""
+    return f"{name}: {value}\r\n".encode("latin-1", "replace")
+
+
+def _framing_problem(headers: dict[str, str], http_version: str) -> str | None:
+    """Why a request's body framing is refused beyond what strict llhttp refuses, or None."""
+    coding = headers.get("transfer-encoding")
+    if coding is None:
+        return None
+    if "content-length" in headers:
+        return "Content-Length and Transfer-Encoding together"
+    if http_version != "1.1":
+        return "Transfer-Encoding in an HTTP/1.0 request"
+    if coding.strip().lower() != "chunked":  # repeated headers were joined with ", "
+        return f"unsupported Transfer-Encoding {coding!r}: only 'chunked' is accepted"
+    return None
+
+
 def _head(status: int, headers: list[tuple[str, str]], keep_alive: bool) -> bytes:
     lines = [_status_line(status)]
-    lines += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers]
+    lines += [_header_line(k, v) for k, v in headers]
     lines.append(b"connection: keep-alive\r\n\r\n" if keep_alive else b"connection: close\r\n\r\n")
     return b"".join(lines)
 
@@ -106,12 +147,16 @@ class HTTPProtocol(asyncio.Protocol):
         self._error_body = error_body or _json_error
         self._loop = asyncio.get_event_loop()
         self._parser = httptools.HttpRequestParser(self)
+        # strict is llhttp's default; said here so that no one turns a leniency on by accident
+        self._parser.set_dangerous_leniencies(**{name: False for name in _LENIENCIES})
         self._transport: asyncio.Transport | None = None
         self._flow = _FlowControl()
         self._queue: deque[Request] = deque()
         self._worker: asyncio.Task | None = None
         self._closing = False
         self._timer: asyncio.TimerHandle | None = None
+        self._in_message = False  # a request's bytes have begun and not all arrived
+        self._failed: tuple[int, str] | None = None  # a refusal waiting for earlier answers
         # the message being parsed
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -142,17 +187,20 @@ class HTTPProtocol(asyncio.Protocol):
         self._flow.resume()
 
     def data_received(self, data: bytes) -> None:
+        if self._failed is not None:  # refused: nothing after it is read
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            if not self._closing:
+            if not self._closing and self._failed is None:
                 self._fail(400, f"malformed HTTP request: {exc}")
 
     # -- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._url, self._headers, self._header_bytes, self._body = b"", [], 0, bytearray()
+        self._in_message = True
         self._arm_timer(self._limits.header_timeout_s)
 
     def on_url(self, url: bytes) -> None:
@@ -162,6 +210,9 @@ class HTTPProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
         self._count_header_bytes(len(name) + len(value) + 4)
+        if len(self._headers) > self._limits.max_headers:
+            self._fail(431, f"more than {self._limits.max_headers} request headers")
+            raise httptools.HttpParserError("too many headers")
 
     def on_headers_complete(self) -> None:
         self._cancel_timer()
@@ -170,13 +221,19 @@ class HTTPProtocol(asyncio.Protocol):
             key = name.decode("latin-1").lower()
             text = value.decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
+        problem = _framing_problem(headers, self._parser.get_http_version())
+        if problem is not None:
+            self._fail(400, f"malformed HTTP request: {problem}")
+            raise httptools.HttpParserError(problem)
+        length = int(headers.get("content-length", "0").strip())  # llhttp checked its digits
+        if length > self._limits.max_body_bytes:
             self._fail(413, f"request body over {self._limits.max_body_bytes} bytes")
             raise httptools.HttpParserError("body too large")
         self._current = Request(self._parser.get_method().decode("latin-1"),
                                 self._url.decode("latin-1"), headers,
                                 keep_alive=self._parser.should_keep_alive())
+        if length or "transfer-encoding" in headers:
+            self._arm_timer(self._limits.body_timeout_s, self._body_timed_out)
         if headers.get("expect", "").lower() == "100-continue":
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -187,6 +244,8 @@ class HTTPProtocol(asyncio.Protocol):
             raise httptools.HttpParserError("body too large")
 
     def on_message_complete(self) -> None:
+        self._cancel_timer()
+        self._in_message = False
         request, self._current = self._current, None
         request.body = bytes(self._body)
         self._queue.append(request)
@@ -216,7 +275,9 @@ class HTTPProtocol(asyncio.Protocol):
             if not keep_alive:
                 self._close()
                 return
-        if not self._closing:
+        if self._failed is not None and not self._closing:
+            self._refuse(*self._failed)
+        elif not self._closing and not self._in_message:  # else its header or body timer runs
             self._arm_timer(self._limits.keepalive_timeout_s)
 
     def _write_response(self, request: Request, response: Response, keep_alive: bool) -> None:
@@ -251,10 +312,23 @@ class HTTPProtocol(asyncio.Protocol):
             self._fail(431, f"request headers over {self._limits.max_header_bytes} bytes")
             raise httptools.HttpParserError("headers too large")
 
+    def _body_timed_out(self) -> None:
+        self._fail(408, f"the request body did not arrive within {self._limits.body_timeout_s:g}s")
+
     def _fail(self, status: int, message: str) -> None:
-        """Answers a protocol-level error and closes the connection."""
-        if self._closing or self._transport is None:
+        """Answers a protocol-level error and closes the connection. Answers go out in order:
+        while earlier pipelined requests are being answered, this one waits for them and
+        nothing more is read."""
+        if self._closing or self._transport is None or self._failed is not None:
             return
+        if self._worker is not None and not self._worker.done():
+            self._failed = (status, message)
+            self._cancel_timer()
+            self._transport.pause_reading()
+            return
+        self._refuse(status, message)
+
+    def _refuse(self, status: int, message: str) -> None:
         body = self._error_body(status, message)
         headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
         self._transport.write(_head(status, headers, keep_alive=False) + body)
@@ -266,9 +340,9 @@ class HTTPProtocol(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
-    def _arm_timer(self, seconds: float) -> None:
+    def _arm_timer(self, seconds: float, on_expiry: Callable[[], None] | None = None) -> None:
         self._cancel_timer()
-        self._timer = self._loop.call_later(seconds, self._close)
+        self._timer = self._loop.call_later(seconds, on_expiry or self._close)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

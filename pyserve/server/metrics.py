@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from pyserve.engine.books import OUTCOMES
 from pyserve.server.http import Request, Response
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,6 +101,7 @@ class EngineCollector:
             family.add_metric(self.labels, hist.cumulative(), hist.sum)
             yield family
         yield self._cache_config_info()
+        yield from self._books()
         if self.core.config.scheduler.speculative_config is not None:
             yield from self._spec_decode(stats, counter)
 
@@ -118,6 +120,34 @@ class EngineCollector:
         for position in range(k):
             family.add_metric(self.labels + [str(position)], stats.spec_accepted_per_position[position])
         yield family
+
+    # where per-request state lives -> its figure in the books (all 0 once the server is idle)
+    HOLDERS = (("request_table", "requests_in_table"), ("completions", "completions_in_table"),
+               ("streams", "streams_open"), ("kv_manager", "kv_manager_requests"),
+               ("runner", "runner_requests"))
+
+    def _books(self):
+        """pyserve's own accounting (engine/books.py), under pyserve: names: vLLM has none."""
+        books = self.core.books()
+        accepted = CounterMetricFamily("pyserve:requests_accepted",
+                                       "Requests accepted by the engine.", labels=LABELS)
+        yield self._one(accepted, books["requests_accepted"])
+        ended = CounterMetricFamily("pyserve:requests_ended", "Requests ended, by their one "
+                                    "terminal event (finished, aborted, errored).",
+                                    labels=LABELS + ["outcome"])
+        for outcome in OUTCOMES:
+            ended.add_metric(self.labels + [outcome], books[f"requests_{outcome}"])
+        yield ended
+        state = GaugeMetricFamily("pyserve:request_state_entries", "Requests each per-request "
+                                  "map holds state for; 0 when idle (the runner's: after the "
+                                  "next step).", labels=LABELS + ["holder"])
+        for holder, key in self.HOLDERS:
+            if key in books:  # streams: an AsyncEngine's only
+                state.add_metric(self.labels + [holder], books[key])
+        yield state
+        yield self._one(GaugeMetricFamily("pyserve:kv_blocks_referenced", "KV-cache blocks "
+                                          "held by a request (ref count above 0); 0 when idle.",
+                                          labels=LABELS), books["kv_blocks_referenced"])
 
     def _prompt_tokens_by_source(self, stats):
         family = CounterMetricFamily("vllm:prompt_tokens_by_source",

@@ -1,5 +1,10 @@
-"""Starts `python -m pyserve` as a subprocess on a free loopback port, for end-to-end tests."""
+"""Starts `python -m pyserve` as a subprocess on a free loopback port, for end-to-end tests.
 
+A server started with --enable-debug-endpoints has its books checked when it is stopped with
+SIGTERM (GET /debug/books, waiting briefly for idle: engine/books.py); the e2e conftest's
+autouse fixture fails the module if any of its servers' books did not balance."""
+
+import json
 import os
 import signal
 import socket
@@ -21,11 +26,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fetch_books(url: str, api_key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with urllib.request.urlopen(urllib.request.Request(url + "/debug/books", headers=headers),
+                                timeout=5) as r:
+        return json.loads(r.read())
+
+
+def assert_books_balanced(url: str, api_key: str | None = None, wait_s: float = 5.0) -> dict:
+    """The server's books balance once it is idle (streams of clients that just left take a
+    step to end): polls GET /debug/books for up to wait_s; returns the books."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        answer = fetch_books(url, api_key)
+        if answer["balanced"]:
+            return answer["books"]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the books of {url} do not balance: {answer['problems']}; "
+                                 f"books: {answer['books']}")
+        time.sleep(0.05)
+
+
+# (server, AssertionError or None) for each server whose books stop() checked; the e2e
+# conftest's module fixture empties it at the start of a module and asserts it at the end
+BOOKS_CHECKED: list = []
+
+
 class ServerProcess:
     def __init__(self, *flags: str, timeout: float = 120.0, command: tuple[str, ...] = (),
                  env: dict[str, str] | None = None):
         """command: what comes before the flags (e.g. ("serve", MODEL)); env: variables added
         to this process's."""
+        self.debug_endpoints = "--enable-debug-endpoints" in flags
+        self.api_key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0", **(env or {})}
@@ -47,6 +80,12 @@ class ServerProcess:
         raise RuntimeError("server did not become healthy")
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.debug_endpoints and sig == signal.SIGTERM and self.proc.poll() is None:
+            try:
+                assert_books_balanced(self.url, self.api_key)
+                BOOKS_CHECKED.append((self, None))
+            except (AssertionError, OSError) as exc:
+                BOOKS_CHECKED.append((self, exc))
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

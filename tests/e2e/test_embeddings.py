@@ -39,7 +39,8 @@ def post(url: str, path: str, body: dict, key: str | None = KEY, method: str = "
 
 @pytest.fixture(scope="module")
 def server(default_model_dir):
-    srv = ServerProcess("--served-model-name", MODEL, "--api-key", KEY, "--max-model-len", "512")
+    srv = ServerProcess("--served-model-name", MODEL, "--api-key", KEY, "--max-model-len", "512",
+                        "--enable-debug-endpoints")
     yield srv
     assert srv.stop() == 0
 
@@ -194,7 +195,8 @@ def bert_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bert_server(bert_dir):
-    srv = ServerProcess("--model", str(bert_dir), "--served-model-name", "tiny-bert")
+    srv = ServerProcess("--model", str(bert_dir), "--served-model-name", "tiny-bert",
+                        "--enable-debug-endpoints")
     yield srv
     assert srv.stop() == 0
 

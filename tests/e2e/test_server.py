@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(default_model_dir):
-    srv = ServerProcess()
+    srv = ServerProcess("--enable-debug-endpoints")  # its books are checked as it stops
     yield srv
     assert srv.stop() == 0
 
@@ -121,8 +121,41 @@ def test_malformed_json_and_http(server):
     assert status == 404
 
 
+SMUGGLING = [  # each after a complete request on the same connection, as a smuggler sends it
+    b"Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG",
+    b"Transfer-Encoding: chunked\r\nTransfer-encoding: cow\r\n\r\n0\r\n\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+    b"Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+    b"Content-Length: +5\r\n\r\nhello",
+    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("framing", SMUGGLING)
+def test_request_smuggling_shapes_get_400_and_close(server, framing):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + framing)
+        reply = b""
+        while chunk := s.recv(65536):  # the server closes
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 ") and reply.count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 400 " in reply and reply.rstrip().endswith(b"}")
+
+
+def test_debug_books(server):
+    status, body, _ = http_json(server, "GET", "/debug/books")
+    books = json.loads(body)
+    assert status == 200 and set(books) == {"books", "idle", "balanced", "problems"}
+    assert books["books"]["requests_accepted"] == sum(
+        books["books"][f"requests_{o}"] for o in ("finished", "aborted", "errored"))
+
+
 def test_api_key(default_model_dir):
-    srv = ServerProcess("--api-key", "sekret", "--served-model-name", "house-model")
+    srv = ServerProcess("--api-key", "sekret", "--served-model-name", "house-model",
+                        "--enable-debug-endpoints")
     try:
         bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -139,6 +172,7 @@ def test_api_key(default_model_dir):
         assert status == 401 and headers["www-authenticate"] == "Bearer"
         status, _, _ = http_json(srv, "GET", "/metrics", headers={"Authorization": "Bearer sekret"})
         assert status == 200
+        assert http_json(srv, "GET", "/debug/books")[0] == 401
     finally:
         assert srv.stop() == 0
 
@@ -201,6 +235,9 @@ def test_metrics_and_a_client_leaving_mid_stream(server, client):
             f'model_name="{MODEL}"}} 0.0') in text
     assert metric(text, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(text, "vllm:generation_tokens_total") > 0
+    aborted = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("pyserve:requests_ended_total{") and 'outcome="aborted"' in line]
+    assert aborted and aborted[0] >= 1  # the books count it, as an abort
     assert "vllm:time_to_first_token_seconds_bucket" in text
 
 

@@ -49,7 +49,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def server(default_model_dir):
-    srv = ServerProcess("--served-model-name", MODEL)
+    srv = ServerProcess("--served-model-name", MODEL, "--enable-debug-endpoints")
     yield srv
     assert srv.stop() == 0
 

@@ -18,7 +18,8 @@ KEYS = ("first-key", "second-key-that-is-longer")
 @pytest.fixture(scope="module")
 def state(tiny_model_factory):
     config = Config.from_flat(model=str(tiny_model_factory("llama")), kv_cache_memory="16MiB",
-                              api_key=list(KEYS), enable_tokenizer_info_endpoint=True)
+                              api_key=list(KEYS), enable_tokenizer_info_endpoint=True,
+                              enable_debug_endpoints=True)
     core = EngineCore(config)
     state = ServerState(config)
     state.engine = AsyncEngine(core)
@@ -35,7 +36,8 @@ def ask(state, method, target, headers=None, body=b""):
 def test_every_route_in_the_table_needs_a_key(state):
     routes = state.router.routes()
     assert ("GET", "/metrics") in routes and ("POST", "/tokenize") in routes  # the walk is real
-    assert {("GET", "/load"), ("POST", "/invocations"), ("GET", "/tokenizer_info")} <= set(routes)
+    assert {("GET", "/load"), ("POST", "/invocations"), ("GET", "/tokenizer_info"),
+            ("GET", "/debug/books")} <= set(routes)
     for method, path in routes:
         response = ask(state, method, path)
         assert response.status == 401, (method, path)

@@ -30,10 +30,12 @@ COUNTS = {"vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
               "request_prefill_kv_computed_tokens", "request_max_num_generation_tokens",
               "request_params_max_tokens")}}
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-          "vllm:cache_config_info")
+          "vllm:cache_config_info",
+          "pyserve:request_state_entries", "pyserve:kv_blocks_referenced")  # the books, ours
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
-            "vllm:generation_tokens", "vllm:request_success")
+            "vllm:generation_tokens", "vllm:request_success",
+            "pyserve:requests_accepted", "pyserve:requests_ended")
 
 
 def test_buckets_1_2_5_as_vllm_builds_them():
@@ -157,3 +159,15 @@ def test_figures_follow_what_the_engine_did(engine_run):
     assert value(after["vllm:num_requests_running"]) == 0
     assert value(after["vllm:num_requests_waiting"]) == 0
     assert value(after["vllm:kv_cache_usage_perc"]) == 0.0
+
+
+def test_the_books_balance_after_the_run(engine_run):
+    core, before, after, *_ = engine_run
+    assert value(before["pyserve:requests_accepted"], "_total") == 0
+    assert value(after["pyserve:requests_accepted"], "_total") == 3
+    ended = {o: value(after["pyserve:requests_ended"], "_total", outcome=o)
+             for o in ("finished", "aborted", "errored")}
+    assert ended == {"finished": 2, "aborted": 1, "errored": 0}
+    holders = {s.labels["holder"]: s.value for s in after["pyserve:request_state_entries"].samples}
+    assert holders["request_table"] == holders["kv_manager"] == 0 and "streams" not in holders
+    assert value(after["pyserve:kv_blocks_referenced"]) == 0
