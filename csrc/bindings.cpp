@@ -65,7 +65,8 @@ void check_paged_attention(const at::Tensor& out, const at::Tensor& query, const
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t window, double softcap) {
   check_paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens);
 #ifdef PYSERVE_CUDA
   if (query.is_cuda()) {
@@ -74,12 +75,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                 "paged_attention (CUDA): key_cache and value_cache must share one layout, rows "
                 "head_size apart");
     return cuda::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc,
-                                 seq_lens, scale);
+                                 seq_lens, scale, window, softcap);
   }
 #endif
   TORCH_CHECK(query.device().is_cpu(), "paged_attention: no kernel for device ", query.device());
   cpu::paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-                       scale);
+                       scale, window, softcap);
 }
 
 // The fused layer ops: CUDA kernels for CUDA tensors, the CPU twins otherwise.
@@ -158,8 +159,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"));
   m.def("paged_attention", &pyserve::paged_attention, py::arg("out"), py::arg("query"),
         py::arg("key_cache"), py::arg("value_cache"), py::arg("block_tables"),
-        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0, py::call_guard<py::gil_scoped_release>());
   m.def("pack_linear_weight", &pyserve::cpu::pack_linear_weight, py::arg("weight"),
         py::call_guard<py::gil_scoped_release>());
   m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),

@@ -95,8 +95,9 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     # accepted for what pyserve always does
     ForeignFlag(("--enable-chunked-prefill",), "always splits long prompts into chunks of "
                 "--max-num-batched-tokens, which changes no output", action="bool", fine=(True,)),
-    ForeignFlag(("--disable-sliding-window",), "has no sliding-window attention and always caps "
-                "--max-model-len at the window, as this flag does", action="switch", fine=(True,)),
+    ForeignFlag(("--disable-sliding-window",), "runs sliding-window attention and does not cap "
+                "--max-model-len at the window (within the window outputs are the same); pass "
+                "--max-model-len to cap it", action="switch"),
     ForeignFlag(("--disable-frontend-multiprocessing",), "always runs its API server and engine "
                 "in one process", action="switch", fine=(True,)),
     ForeignFlag(("--preemption-mode",), "preempts by recomputation only", refuse=True,

@@ -30,8 +30,26 @@ ARCHES = {
                                                original_max_position_embeddings=64))),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
+    # every layer windowed, 8 tokens: shorter than the test prompts
+    "mistral-sw": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                         sliding_window=8)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # sliding windows of 8 tokens (shorter than the test prompts, so local layers really slide)
+    # between global layers; head_dim 64 apart from hidden / heads; an attention scale of its own
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=48, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
+        tie_word_embeddings=True)),
+    # softcapping tight enough to bend random scores and logits; every other layer local
+    "gemma2": ("Gemma2Config", dict(
+        num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=64, sliding_window=8,
+        attn_logit_softcapping=10.0, final_logit_softcapping=8.0, tie_word_embeddings=True)),
+    # the multimodal checkpoint layout (text config nested, weights under language_model), with
+    # a one-layer vision tower that pyserve does not serve
+    "gemma3-mm": ("Gemma3Config", {}),
 }
 
 _CORPUS = """The quick brown fox jumps over the lazy dog. A paged KV cache stores keys and values
@@ -65,9 +83,26 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = Fals
 
     out = Path(out_dir)
     config_cls, overrides = ARCHES[arch]
-    config = getattr(transformers, config_cls)(**{**_BASE, **overrides})
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config_cls == "Gemma3Config":
+        text = transformers.Gemma3TextConfig(**{**_BASE, **ARCHES["gemma3"][1]})
+        vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=28, patch_size=14)
+        config = transformers.Gemma3Config(
+            text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+            image_token_index=VOCAB_SIZE - 3, boi_token_index=VOCAB_SIZE - 2,
+            eoi_token_index=VOCAB_SIZE - 1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32)
+    else:
+        config = getattr(transformers, config_cls)(**{**_BASE, **overrides})
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if arch.startswith("gemma"):
+        # Gemma's norms start at (1 + 0): with the sqrt(hidden)-scaled embedding tied to the head,
+        # the last token's own embedding would outweigh the layers, and the model repeat it
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 1.0)
     model.save_pretrained(str(out), max_shard_size="100KB" if shard else "2GB")
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "float32"

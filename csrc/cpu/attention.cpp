@@ -13,6 +13,13 @@
 // key's 16 scores are D FMAs, each broadcasting one element of the key, with no horizontal
 // sums, and the online softmax runs on 16 heads at once. The one-row path spends a
 // horizontal sum per key and head, which held prefill attention to a fifth of the FMA peak.
+//
+// Sliding windows and softcapping (Gemma 2/3, Mistral): with window > 0 a query at position p
+// sees keys (p - window, p], so every path walks keys [begin, end) of its row, begin =
+// max(0, end - window), from the block (tile: the 16-key chunk) holding begin, keys below begin
+// masked; window <= 0 is global attention. softcap > 0 maps each scaled score s to
+// softcap * tanh(s / softcap) before the softmax (the one-row paths only: the tile path is not
+// taken then).
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -82,10 +89,10 @@ void reshape_and_cache_impl(const at::Tensor& key, const at::Tensor& value, at::
 // One work item of the SIMD path: query row t's G heads of one KV head against keys
 // [0, num_keys) of its sequence. qf holds the G query heads, scaled, as float32.
 template <int D, typename scalar_t>
-void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t num_keys,
-                 const scalar_t* k_head, const scalar_t* v_head, int64_t block_stride,
-                 int64_t token_stride, int64_t block_size, float* scores, float* acc, float* m,
-                 float* l) {
+void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t key_begin,
+                 int64_t num_keys, const scalar_t* k_head, const scalar_t* v_head,
+                 int64_t block_stride, int64_t token_stride, int64_t block_size, float softcap,
+                 float* scores, float* acc, float* m, float* l) {
   using namespace simd;
   constexpr int NV = D / kLanes;
   const int64_t padded = (block_size + kLanes - 1) / kLanes * kLanes;
@@ -95,9 +102,10 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
     l[g] = 0.f;
     for (int v = 0; v < NV; ++v) store(acc + g * D + v * kLanes, zero());
   }
-  for (int64_t first = 0; first < num_keys; first += block_size) {
+  for (int64_t first = key_begin / block_size * block_size; first < num_keys; first += block_size) {
     const int64_t block = table[first / block_size];
     const int64_t n = std::min(block_size, num_keys - first);
+    const int64_t j0 = std::max<int64_t>(0, key_begin - first);  // keys before it: out of the window
     const scalar_t* kb = k_head + block * block_stride;
     const scalar_t* vb = v_head + block * block_stride;
     // Blocks sit anywhere in the cache, so the hardware prefetcher cannot follow a sequence
@@ -107,7 +115,7 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
     const char* k_next = reinterpret_cast<const char*>(k_head + next * block_stride);
     const char* v_next = reinterpret_cast<const char*>(v_head + next * block_stride);
     constexpr int64_t kRowBytes = D * sizeof(scalar_t);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = j0; j < n; ++j) {
       if (more)
         for (int64_t line = 0; line < kRowBytes; line += 64)
           _mm_prefetch(k_next + j * token_stride * sizeof(scalar_t) + line, _MM_HINT_T0);
@@ -117,11 +125,13 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
         const float* q = qf + g * D;
         vec dot = mul(load(q), k[0]);
         for (int v = 1; v < NV; ++v) dot = fma(load(q + v * kLanes), k[v], dot);
-        scores[g * padded + j] = reduce_add(dot);
+        const float score = reduce_add(dot);
+        scores[g * padded + j] = softcap > 0.f ? softcap * std::tanh(score / softcap) : score;
       }
     }
     for (int64_t g = 0; g < group; ++g) {
       float* s = scores + g * padded;
+      for (int64_t j = 0; j < j0; ++j) s[j] = neg_inf;
       for (int64_t j = n; j < padded; ++j) s[j] = neg_inf;
       vec block_max = load(s);
       for (int64_t c = kLanes; c < padded; c += kLanes) block_max = max(block_max, load(s + c));
@@ -130,13 +140,13 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
       const vec shift = set1(new_max);
       for (int64_t c = 0; c < padded; c += kLanes) store(s + c, exp_clamped(sub(load(s + c), shift)));
       float sum = 0.f;
-      for (int64_t j = 0; j < n; ++j) sum += s[j];  // the padding's tiny values left out
+      for (int64_t j = j0; j < n; ++j) sum += s[j];  // the masked keys' tiny values left out
       l[g] = l[g] * correction + sum;
       m[g] = new_max;
       vec out[NV];
       const vec corr = set1(correction);
       for (int v = 0; v < NV; ++v) out[v] = mul(load(acc + g * D + v * kLanes), corr);
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = j0; j < n; ++j) {
         if (more && g == 0)
           for (int64_t line = 0; line < kRowBytes; line += 64)
             _mm_prefetch(v_next + j * token_stride * sizeof(scalar_t) + line, _MM_HINT_T0);
@@ -150,8 +160,9 @@ void attend_simd(const float* qf, int64_t group, const int32_t* table, int64_t n
 }
 
 template <typename scalar_t>
-using attend_fn = void (*)(const float*, int64_t, const int32_t*, int64_t, const scalar_t*,
-                           const scalar_t*, int64_t, int64_t, int64_t, float*, float*, float*, float*);
+using attend_fn = void (*)(const float*, int64_t, const int32_t*, int64_t, int64_t, const scalar_t*,
+                           const scalar_t*, int64_t, int64_t, int64_t, float, float*, float*,
+                           float*, float*);
 
 // The SIMD path for this cache type and head size, or nullptr (then the plain loop runs).
 template <typename scalar_t>
@@ -170,16 +181,16 @@ attend_fn<scalar_t> simd_attention(int64_t head_size) {
 constexpr int64_t kChunk = 16;  // keys per chunk, and query heads per tile: one vector each
 
 // Rows [row0, row0 + rows) of one sequence, all G heads of one KV head, rows * G <= 16 query
-// heads in all (lane i = row i / G, head i % G): row r sees keys [0, row_keys[r]), ascending
-// in r. qf [rows * G][D] holds the query heads, scaled. The heads are transposed once into
-// qt [D][16], so the scores of one key for all 16 heads are D FMAs with the key's elements
-// broadcast straight from the cache, and the online softmax runs on all heads at once;
-// results (unnormalised) go to acc [16][D] with l, as attend_simd's.
+// heads in all (lane i = row i / G, head i % G): row r sees keys [row_begin[r], row_keys[r]),
+// both ascending in r. qf [rows * G][D] holds the query heads, scaled. The heads are
+// transposed once into qt [D][16], so the scores of one key for all 16 heads are D FMAs with
+// the key's elements broadcast straight from the cache, and the online softmax runs on all
+// heads at once; results (unnormalised) go to acc [16][D] with l, as attend_simd's.
 template <int D, typename scalar_t>
-void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* row_keys,
-                 const int32_t* table, const scalar_t* k_head, const scalar_t* v_head,
-                 int64_t block_stride, int64_t token_stride, int64_t block_size, float* qt,
-                 float* probs, float* acc, float* l_out) {
+void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* row_begin,
+                 const int64_t* row_keys, const int32_t* table, const scalar_t* k_head,
+                 const scalar_t* v_head, int64_t block_stride, int64_t token_stride,
+                 int64_t block_size, float* qt, float* probs, float* acc, float* l_out) {
   using namespace simd;
   constexpr int NV = D / kLanes;
   // output rows (query head pairs) updated together in the P·V product: 16 accumulators, plus
@@ -187,16 +198,20 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
   constexpr int kPairs = NV <= 8 ? 16 / NV : 1;
   constexpr float kFloor = -1e30f;  // a finite "minus infinity": floor - floor is 0, not NaN
   const int64_t pairs = rows * group, max_keys = row_keys[rows - 1];
-  alignas(64) int32_t lane_keys[kChunk];
-  for (int64_t i = 0; i < kChunk; ++i) lane_keys[i] = i < pairs ? static_cast<int32_t>(row_keys[i / group]) : 0;
+  alignas(64) int32_t lane_keys[kChunk], lane_begin[kChunk];
+  for (int64_t i = 0; i < kChunk; ++i) {
+    lane_keys[i] = i < pairs ? static_cast<int32_t>(row_keys[i / group]) : 0;
+    lane_begin[i] = i < pairs ? static_cast<int32_t>(row_begin[i / group]) : 0;
+  }
   const __m512i keys_of_lane = _mm512_load_si512(lane_keys);
+  const __m512i begin_of_lane = _mm512_load_si512(lane_begin);
   for (int64_t d = 0; d < D; ++d)
     for (int64_t i = 0; i < kChunk; ++i) qt[d * kChunk + i] = i < pairs ? qf[i * D + d] : 0.f;
   for (int64_t i = 0; i < pairs; ++i)
     for (int v = 0; v < NV; ++v) store(acc + i * D + v * kLanes, zero());
   vec m = set1(kFloor), l = zero();
   alignas(64) float corr[kChunk];
-  for (int64_t first = 0; first < max_keys; first += kChunk) {
+  for (int64_t first = row_begin[0] / kChunk * kChunk; first < max_keys; first += kChunk) {
     const int64_t offset = (first % block_size) * token_stride;
     const scalar_t* kb = k_head + table[first / block_size] * block_stride + offset;
     const scalar_t* vb = v_head + table[first / block_size] * block_stride + offset;
@@ -223,7 +238,8 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
     __mmask16 seen[kChunk];  // lanes whose row sees key first + j
     vec chunk_max = set1(kFloor);
     for (int64_t j = 0; j < n; ++j) {
-      seen[j] = _mm512_cmpgt_epi32_mask(keys_of_lane, _mm512_set1_epi32(static_cast<int32_t>(first + j)));
+      const __m512i key = _mm512_set1_epi32(static_cast<int32_t>(first + j));
+      seen[j] = _mm512_cmpgt_epi32_mask(keys_of_lane, key) & _mm512_cmple_epi32_mask(begin_of_lane, key);
       chunk_max = _mm512_mask_max_ps(chunk_max, seen[j], chunk_max, scores[j]);
     }
     const vec new_m = max(m, chunk_max);
@@ -249,7 +265,8 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
         if (block == kPairs && all_see) {
           // kPairs rows of the output at once, each value vector loaded once for all of them
           // (one row at a time loads one per FMA, and the loads, not the FMAs, set the pace).
-          // A pair whose row stops before key j has probability 0 there: it adds exactly 0.
+          // A pair whose row stops before key j (or whose window starts after it) has
+          // probability 0 there: it adds exactly 0.
           vec out[kPairs][NV];
           for (int p = 0; p < kPairs; ++p) {
             const vec c = set1(corr[i0 + p]);
@@ -288,7 +305,7 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
 }
 
 template <typename scalar_t>
-using tile_fn = void (*)(const float*, int64_t, int64_t, const int64_t*, const int32_t*,
+using tile_fn = void (*)(const float*, int64_t, int64_t, const int64_t*, const int64_t*, const int32_t*,
                          const scalar_t*, const scalar_t*, int64_t, int64_t, int64_t, float*,
                          float*, float*, float*);
 
@@ -311,8 +328,9 @@ tile_fn<scalar_t> tile_attention(int64_t head_size, int64_t block_size, int64_t 
 // key/value strides.
 template <typename scalar_t>
 void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32_t* table,
-                  int64_t num_keys, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                  int64_t kv_head, float* scores, float* acc, float* m, float* l) {
+                  int64_t key_begin, int64_t num_keys, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, int64_t kv_head, float softcap, float* scores,
+                  float* acc, float* m, float* l) {
   const int64_t block_size = key_cache.size(2);
   const scalar_t* kc = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
   const scalar_t* vc = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
@@ -320,17 +338,19 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
   std::fill(acc, acc + group * head_size, 0.f);
   std::fill(m, m + group, neg_inf);
   std::fill(l, l + group, 0.f);
-  for (int64_t first = 0; first < num_keys; first += block_size) {
+  for (int64_t first = key_begin / block_size * block_size; first < num_keys; first += block_size) {
     const int64_t block = table[first / block_size];
     const int64_t n = std::min(block_size, num_keys - first);
+    const int64_t j0 = std::max<int64_t>(0, key_begin - first);
     const scalar_t* kb = kc + block * key_cache.stride(0);
     const scalar_t* vb = vc + block * value_cache.stride(0);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = qf + g * head_size;
       float* ag = acc + g * head_size;
       float block_max = neg_inf;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[j] = dot(qg, kb + j * key_cache.stride(2), head_size);
+      for (int64_t j = j0; j < n; ++j) {
+        const float s = dot(qg, kb + j * key_cache.stride(2), head_size);
+        scores[j] = softcap > 0.f ? softcap * std::tanh(s / softcap) : s;
         block_max = std::max(block_max, scores[j]);
       }
       const float new_max = std::max(m[g], block_max);
@@ -339,7 +359,7 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
         l[g] *= correction;
         for (int64_t d = 0; d < head_size; ++d) ag[d] *= correction;
       }
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = j0; j < n; ++j) {
         const float p = std::exp(scores[j] - new_max);
         l[g] += p;
         axpy(ag, p, vb + j * value_cache.stride(2), head_size);
@@ -353,7 +373,7 @@ template <typename scalar_t>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                           const at::Tensor& value_cache, const at::Tensor& block_tables,
                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                          float scale) {
+                          float scale, int64_t window, float softcap) {
   const int64_t num_tokens = query.size(0), num_heads = query.size(1), head_size = query.size(2);
   const int64_t num_kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   const int64_t group = num_heads / num_kv_heads;
@@ -385,7 +405,8 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
 #endif
 
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
-  const tile_fn<scalar_t> tile_path = same_layout ? tile_attention<scalar_t>(head_size, block_size, group) : nullptr;
+  const tile_fn<scalar_t> tile_path =
+      same_layout && softcap <= 0.f ? tile_attention<scalar_t>(head_size, block_size, group) : nullptr;
   const int64_t tile_rows = tile_path != nullptr ? kChunk / group : 1;
 #else
   constexpr int64_t tile_rows = 1;
@@ -407,8 +428,9 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
     for (int64_t r0 = 0; r0 < q_len; r0 += step) {
       const int64_t rows = std::min(step, q_len - r0);
       const int64_t keys = lens[b] - q_len + r0 + rows;
+      const int64_t cost = rows * (window > 0 ? std::min(keys, window) : keys);
       for (int64_t h = 0; h < num_kv_heads; ++h)
-        items.push_back({rows * keys, static_cast<int32_t>(b), static_cast<int32_t>(starts[b] + r0),
+        items.push_back({cost, static_cast<int32_t>(b), static_cast<int32_t>(starts[b] + r0),
                          static_cast<int32_t>(rows), static_cast<int32_t>(h)});
     }
   }
@@ -427,7 +449,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
     std::vector<float> scores(group * padded);
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
     std::vector<float> qt(head_size * kChunk), probs(kChunk * kChunk);
-    int64_t row_keys[kChunk];
+    int64_t row_keys[kChunk], row_begin[kChunk];
 #endif
     for (int64_t index = next_item(); index >= 0; index = next_item()) {
       const Item& item = items[index];
@@ -442,12 +464,16 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
       const int32_t* table = tables + b * table_stride;
       const scalar_t* k_head = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
       const scalar_t* v_head = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
-      // keys row t sees: its position + 1
+      // keys row t sees: [begin(its position + 1), its position + 1)
       const int64_t first_keys = lens[b] - q_len + (item.row0 - starts[b]) + 1;
+      auto begin = [window](int64_t keys) { return window > 0 ? std::max<int64_t>(0, keys - window) : int64_t{0}; };
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
       if (tile_path != nullptr && q_len > 1) {
-        for (int64_t r = 0; r < rows; ++r) row_keys[r] = first_keys + r;
-        tile_path(qf.data(), rows, group, row_keys, table, k_head, v_head, key_cache.stride(0),
+        for (int64_t r = 0; r < rows; ++r) {
+          row_keys[r] = first_keys + r;
+          row_begin[r] = begin(first_keys + r);
+        }
+        tile_path(qf.data(), rows, group, row_begin, row_keys, table, k_head, v_head, key_cache.stride(0),
                   key_cache.stride(2), block_size, qt.data(), probs.data(), acc.data(), l.data());
       } else
 #endif
@@ -457,14 +483,14 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
           float* ar = acc.data() + r * group * head_size;
 #ifdef PYSERVE_VEC
           if (simd_path != nullptr)
-            simd_path(qr, group, table, first_keys + r, k_head, v_head, key_cache.stride(0),
-                      key_cache.stride(2), block_size, scores.data(), ar, m.data() + r * group,
-                      l.data() + r * group);
+            simd_path(qr, group, table, begin(first_keys + r), first_keys + r, k_head, v_head,
+                      key_cache.stride(0), key_cache.stride(2), block_size, softcap, scores.data(),
+                      ar, m.data() + r * group, l.data() + r * group);
           else
 #endif
-            attend_plain<scalar_t>(qr, group, head_size, table, first_keys + r, key_cache,
-                                   value_cache, kv_head, scores.data(), ar, m.data() + r * group,
-                                   l.data() + r * group);
+            attend_plain<scalar_t>(qr, group, head_size, table, begin(first_keys + r),
+                                   first_keys + r, key_cache, value_cache, kv_head, softcap,
+                                   scores.data(), ar, m.data() + r * group, l.data() + r * group);
         }
       }
       for (int64_t r = 0; r < rows; ++r)
@@ -512,11 +538,13 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t window, double softcap) {
   // arguments checked by the dispatcher in bindings.cpp, shared with the CUDA kernel
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     paged_attention_impl<scalar_t>(out, query, key_cache, value_cache, block_tables, query_start_loc,
-                                   seq_lens, static_cast<float>(scale));
+                                   seq_lens, static_cast<float>(scale), window,
+                                   static_cast<float>(softcap));
   });
 }
 

@@ -26,10 +26,14 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 //   seq_lens:         [num_seqs] int32, context length of each sequence after this step; the
 //                     query rows are its last tokens, so row i of a q_len chunk sits at
 //                     position seq_len - q_len + i and sees keys 0 ..= that position.
+//   window:           > 0: a sliding window, the row at position p sees keys p - window + 1 ..= p
+//                     only (Gemma's local layers); <= 0: every key (global attention)
+//   softcap:          > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2)
 // num_heads must be a multiple of num_kv_heads (grouped-query attention).
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t window = 0, double softcap = 0.0);
 
 // Linear layers (csrc/cpu/linear.cpp describes the layouts). pack_linear_weight repacks
 // weight [N, K] (float32 or bfloat16) once into panels of 32 output columns, zero-padded;

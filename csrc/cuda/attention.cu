@@ -21,6 +21,12 @@
 // (flash-decoding: a long context at small batch spread over more CTAs than there are rows) it
 // writes float32 partials (max, sum, acc) that merge_splits_kernel combines.
 //
+// Sliding windows (window > 0): a row at position p sees keys (p - window, p] only; keys below a
+// slot's window are masked like keys past its position, and a warp skips the tiles that lie
+// wholly below the window of the segment's first row (the lowest of its rows). softcap > 0 maps
+// each scaled score s to softcap * tanh(s / softcap), here in base 2 (softcap_log2 = softcap *
+// log2(e) and the same tanh: c tanh(x / c) keeps its form under a common scale).
+//
 // Invariants: a key is read only when it is below both the split's end and the table's width
 // (block_tables.size(1) * block_size), so bad seq_lens cannot read outside a sequence's table;
 // a masked score is -inf and contributes exactly 0, and an all-masked slot yields 0, not NaN.
@@ -74,7 +80,8 @@ struct Params {
   int block_size, table_stride, max_keys;  // max_keys = block_tables.size(1) * block_size
   int group, heads_per_cta, head_chunks, rows_per_cta;
   int num_splits, keys_per_split;
-  float scale_log2;
+  int window;  // <= 0: global attention
+  float scale_log2, softcap_log2;  // softcap_log2 <= 0: no softcapping
 };
 
 // Sums v[s] over the TPK lanes of a key group for all 8 slots at once. Each exchange hands the
@@ -123,6 +130,8 @@ __device__ void attend_segment(const Params& p, float* smem, int seq, int row0, 
   const int my_limit = my_slot < slots_used
                            ? max(0, min(first_limit + my_slot / heads_here, p.max_keys)) : 0;
   const int kv_end = max(0, min(first_limit + rows_here - 1, p.max_keys));
+  const int my_begin = p.window > 0 ? max(0, my_limit - p.window) : 0;
+  const int seg_begin = p.window > 0 ? max(0, min(first_limit, p.max_keys) - p.window) : 0;
   const int k_begin = blockIdx.z * p.keys_per_split;
   const int k_end = min(kv_end, k_begin + p.keys_per_split);
 
@@ -154,6 +163,7 @@ __device__ void attend_segment(const Params& p, float* smem, int seq, int row0, 
   const T* vbase = static_cast<const T*>(p.value_cache) + kv_head * p.cache_stride_head + li * L::kElems;
 
   for (int t0 = k_begin + warp * L::kTile; t0 < k_end; t0 += kWarps * L::kTile) {
+    if (t0 + L::kTile <= seg_begin) continue;  // below every row's window (warp-uniform)
     // All of the tile's K and V loads are issued before the first is used.
     uint4 kr[L::kSteps][L::kVecs], vr[L::kSteps][L::kVecs];
 #pragma unroll
@@ -186,9 +196,10 @@ __device__ void attend_segment(const Params& p, float* smem, int seq, int row0, 
 #pragma unroll
         for (int e = 0; e < L::kElems; ++e) dot[s] = fmaf(q[s][e], k[e], dot[s]);
       }
-      const float sc = reduce_slots<L::kTpk>(dot, lane);
+      float sc = reduce_slots<L::kTpk>(dot, lane);
+      if (p.softcap_log2 > 0.f) sc = p.softcap_log2 * tanhf(sc / p.softcap_log2);
       const int key = t0 + st * L::kGroups + grp;
-      score[st] = key < k_end && key < my_limit ? sc : -INFINITY;
+      score[st] = key < k_end && key < my_limit && key >= my_begin ? sc : -INFINITY;
     }
 
     float tile_max = score[0];
@@ -392,7 +403,8 @@ bool aligned16(const at::Tensor& t) {
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale) {
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t window, double softcap) {
   // the common argument checks ran in the dispatcher (bindings.cpp)
   const int64_t head_size = query.size(2);
   TORCH_CHECK(head_size == 64 || head_size == 128 || head_size == 256,
@@ -438,6 +450,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   // Several rows per CTA only pay when rows share a sequence (prefill chunks).
   p.rows_per_cta = p.group < kSlots && num_tokens > 2 * num_seqs ? kSlots / p.group : 1;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.window = static_cast<int>(std::clamp<int64_t>(window, 0, int64_t{1} << 30));
+  p.softcap_log2 = softcap > 0 ? static_cast<float>(softcap * 1.4426950408889634) : 0.f;
 
   const int sms = multiprocessor_count(query.get_device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

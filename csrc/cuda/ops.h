@@ -17,7 +17,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 // of KV splits is chosen from block_tables' width, an upper bound of the longest context.
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_tables,
-                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale);
+                     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
+                     int64_t window, double softcap);
 
 // out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32 (norm.py).
 //   input: [..., hidden] contiguous in hidden; out: contiguous, input's shape; weight: [hidden]

@@ -233,7 +233,7 @@ class AsyncEngine:
         (InvalidRequest if it can never run), run as the stream is iterated; it yields one
         output, the n best beams. Leaving it early aborts its round's requests."""
         self._check_alive()
-        search = beam_driver.start(self.core, prompt_token_ids, params)
+        search = beam_driver.start(self.core, prompt_token_ids, params, priority)
         return beam_driver.stream(self, search, request_id, prompt, prompt_token_ids, priority)
 
     def _check_alive(self) -> None:

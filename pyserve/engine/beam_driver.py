@@ -41,9 +41,13 @@ def stop_string_check(tokenizer, params: BeamSearchParams, prompt_len: int) -> S
     return check
 
 
-def start(core, prompt_token_ids: list[int], params: BeamSearchParams) -> BeamSearch:
+def start(core, prompt_token_ids: list[int], params: BeamSearchParams,
+          priority: int = 0) -> BeamSearch:
     """A search ready for its first round, or InvalidRequest saying why it can never run."""
     limits = core.admission.limits
+    if priority != 0 and not limits.priority_scheduling:
+        raise InvalidRequest("priority", f"priority {priority} was given, but priority "
+                             "scheduling is not enabled (--scheduling-policy priority)")
     asked = 2 * params.beam_width
     allowed = limits.vocab_size if limits.max_logprobs == -1 else limits.max_logprobs
     if asked > allowed:

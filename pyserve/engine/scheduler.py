@@ -129,13 +129,6 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = self._speculate(request, n, budget)
-            if drafts:  # room for them now, or no speculation this step
-                scheduled.append((request, n))
-                self._drafts[request.request_id] = drafts
-                budget -= n + len(drafts)
-                i = self._index_after(request)
-                continue
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n):
                 victim = max(self.running, key=self._key)
                 self._preempt(victim)
@@ -146,7 +139,7 @@ class Scheduler:
                 for entry in scheduled:
                     if entry[0] is victim:
                         scheduled.remove(entry)
-                        budget += entry[1] + len(self._drafts.pop(victim.request_id, ()))
+                        budget += entry[1]
                         break
             else:
                 scheduled.append((request, n))
@@ -179,16 +172,24 @@ class Scheduler:
             self.running.append(request)
             scheduled.append((request, n))
             budget -= n
+        if not preempted:  # drafts last: from what the required tokens left over
+            for request, n in scheduled:
+                drafts = self._speculate(request, n, budget)
+                if drafts:
+                    self._drafts[request.request_id] = drafts
+                    budget -= len(drafts)
         return scheduled
 
     def _speculate(self, request: Request, n: int, budget: int) -> list[int]:
-        """Prompt-lookup drafts for a decoding request (one new token) whose next tokens are
-        greedy and unconstrained, within the step budget, its max_tokens and the model
-        length, with their KV slots allocated; [] otherwise. A rejected draft's slot is
-        simply overwritten later: only accepted tokens advance num_computed_tokens."""
+        """Prompt-lookup drafts for a decoding request (one new token), within what the
+        step's budget and free blocks leave once every scheduled request has its required
+        tokens (drafts never preempt anyone), its max_tokens and the model length, with their
+        KV slots allocated; [] otherwise. A rejected draft's slot is simply overwritten
+        later: only accepted tokens advance num_computed_tokens."""
         spec = self.config.speculative_config
-        if spec is None or n != 1 or not _verifiable(request):
-            return []
+        if (spec is None or n != 1 or request.num_computed_tokens + 1 != request.num_tokens
+                or not _verifiable(request)):
+            return []  # only a step that computes the last known token can carry drafts
         if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
             return []  # a batch this large is compute-bound: extra rows cost what they save
         k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
@@ -196,7 +197,7 @@ class Scheduler:
             if len(request.output_token_ids) < request.lookahead_resume:
                 return []
             k = request.lookahead = 1
-        room = min(k, budget - 1,
+        room = min(k, budget,
                    request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:

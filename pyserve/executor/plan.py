@@ -83,12 +83,9 @@ def resolve_max_model_len(requested: int | None, arch) -> int:
     if requested is not None and requested > limit:
         raise ModelLoadError(f"--max-model-len {requested} exceeds the model's "
                              f"max_position_embeddings ({limit})")
-    length = requested or limit
-    if arch.sliding_window is not None and arch.sliding_window < length:
-        logger.warning("sliding-window attention is not implemented; capping --max-model-len "
-                       "at the window, %d tokens", arch.sliding_window)
-        length = arch.sliding_window
-    return length
+    # sliding windows (Mistral, Qwen2's upper layers, Gemma's local layers) are computed by the
+    # attention kernel, so they do not cap the length
+    return requested or limit
 
 
 def resolve_step_limits(scheduler: SchedulerConfig, device: torch.device) -> SchedulerConfig:

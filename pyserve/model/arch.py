@@ -24,11 +24,27 @@ class ModelArch:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
-    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3)
+    qk_norm: bool  # per-head RMSNorm on q and k before rotary (Qwen3, Gemma 3)
     sliding_window: int | None
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # per layer "sliding_attention" or "full_attention"; None: every layer alike (windowed by
+    # sliding_window where that is set, as Mistral's)
+    layer_types: tuple[str, ...] | None = None
+    query_pre_attn_scalar: float | None = None  # attention scale its ** -0.5 (Gemma), else head_dim's
+    attn_logit_softcapping: float | None = None  # Gemma 2: scores s -> c tanh(s / c)
+    final_logit_softcapping: float | None = None  # Gemma 2: logits likewise
+    rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3; no scaling)
+    hidden_activation: str = "silu"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer`, None where it attends globally."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
 
     @staticmethod
     def from_hf_config(cfg: dict[str, Any]) -> "ModelArch":
@@ -36,6 +52,8 @@ class ModelArch:
         if not archs:
             raise ModelLoadError("config.json names no 'architectures'")
         arch = archs[0]
+        if arch in _GEMMA_DEFAULTS:
+            cfg = _gemma_config(arch, cfg)
         try:
             num_heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -53,12 +71,14 @@ class ModelArch:
             sliding = cfg.get("sliding_window")
             if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
                 sliding = None
+            num_layers = int(cfg["num_hidden_layers"])
+            layer_types = _layer_types(arch, cfg, num_layers) if sliding else None
             return ModelArch(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                num_layers=num_layers,
                 num_heads=num_heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
                 head_dim=int(cfg.get("head_dim") or hidden // num_heads),
@@ -68,11 +88,83 @@ class ModelArch:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                qk_norm=arch == "Qwen3ForCausalLM",
+                qk_norm=arch == "Qwen3ForCausalLM" or arch.startswith("Gemma3"),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
+                layer_types=layer_types,
+                query_pre_attn_scalar=_float_or_none(cfg.get("query_pre_attn_scalar")),
+                attn_logit_softcapping=_float_or_none(cfg.get("attn_logit_softcapping")),
+                final_logit_softcapping=_float_or_none(cfg.get("final_logit_softcapping")),
+                rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq")),
+                hidden_activation=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
+
+
+def _float_or_none(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def _layer_types(arch: str, cfg: dict[str, Any], num_layers: int) -> tuple[str, ...] | None:
+    """Which layers slide: the config's list, else the architecture's rule (transformers')."""
+    types = cfg.get("layer_types")
+    if types is None and arch in _GEMMA_DEFAULTS:  # every Nth layer global, the others local
+        pattern = int(cfg.get("sliding_window_pattern") or (2 if arch.startswith("Gemma2") else 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    elif types is None and arch.startswith("Qwen"):
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if types is None:
+        return None
+    if len(types) != num_layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ModelLoadError(f"config.json: layer_types must name 'sliding_attention' or "
+                             f"'full_attention' for each of the {num_layers} layers")
+    return tuple(types)
+
+
+# transformers' defaults for the keys a Gemma config.json may leave out (Gemma 3 multimodal
+# checkpoints give only a few in text_config)
+_GEMMA3 = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+               num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+               max_position_embeddings=131_072, rms_norm_eps=1e-6, tie_word_embeddings=True,
+               query_pre_attn_scalar=256, sliding_window=4096, rope_theta=1_000_000.0,
+               rope_local_base_freq=10_000.0, hidden_activation="gelu_pytorch_tanh",
+               bos_token_id=2, eos_token_id=1)
+_GEMMA_DEFAULTS = {
+    "Gemma3ForCausalLM": _GEMMA3,
+    "Gemma3ForConditionalGeneration": _GEMMA3,
+    "Gemma2ForCausalLM": {**_GEMMA3, "vocab_size": 256_000, "max_position_embeddings": 8192,
+                          "rope_theta": 10_000.0, "rope_local_base_freq": None,
+                          "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+}
+
+
+def _gemma_config(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The text model's keys, flat: a multimodal Gemma 3's text_config (its vision tower is not
+    served), defaults filled in, and rope_parameters keyed by layer type (transformers 5) split
+    into the global rope and the local base."""
+    if arch == "Gemma3ForConditionalGeneration":
+        text = dict(cfg.get("text_config") or {})
+        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+            if key not in text and key in cfg:
+                text[key] = cfg[key]
+        cfg = {**text, "architectures": [arch]}
+    defaults = _GEMMA_DEFAULTS[arch]
+    cfg = {**defaults, **cfg}
+    for key in ("rope_theta", "rope_local_base_freq"):  # written as null by some savers
+        if cfg.get(key) is None:
+            cfg[key] = defaults[key]
+    rope = cfg.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        glob, local = dict(rope["full_attention"] or {}), dict(rope.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            raise ModelLoadError(f"rope scaling '{local['rope_type']}' on sliding layers is not supported")
+        cfg["rope_theta"] = glob.pop("rope_theta", cfg["rope_theta"])
+        cfg["rope_local_base_freq"] = local.get("rope_theta", cfg["rope_local_base_freq"])
+        cfg["rope_parameters"] = glob
+    elif "rope_theta" in rope:  # one rope for all layers (Gemma 2): not the default filled in above
+        cfg["rope_theta"] = rope["rope_theta"]
+    return cfg

@@ -12,6 +12,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
+# models/gemma.py: Gemma 2 and 3 (a multimodal Gemma 3 checkpoint's text model only)
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread
@@ -27,10 +29,14 @@ def model_class(architecture: str):
         from pyserve.model.models.encoder import EncoderForEmbedding
 
         return EncoderForEmbedding
+    if architecture in GEMMA_ARCHITECTURES:
+        from pyserve.model.models.gemma import GemmaForCausalLM
+
+        return GemmaForCausalLM
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture '{architecture}'; pyserve supports: "
-            + ", ".join(SUPPORTED_ARCHITECTURES + ENCODER_ARCHITECTURES))
+            + ", ".join(SUPPORTED_ARCHITECTURES + GEMMA_ARCHITECTURES + ENCODER_ARCHITECTURES))
     from pyserve.model.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM

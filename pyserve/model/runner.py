@@ -68,6 +68,9 @@ class PreparedBatch:
     draft_sampling: SamplingMetadata | None = None  # over those requests' rows, in order
     draft_logprobs: int = -1  # the most alternatives a drafts row's request asks for (-1: none)
     draft_grammar: tuple | None = None  # (bitmask, rows) over the drafts rows, or None
+    # seeded sampled drafts: (index into drafts, the request's generator), rewound after the
+    # step to have advanced once per token kept, as plain sampling advances it
+    draft_seeded: list = field(default_factory=list)
 
 
 @dataclass
@@ -79,6 +82,7 @@ class LaunchedStep:
     prompt_logprobs: list[PromptLogprobs]
     pooled: list  # PooledChunk, read with the prompt logprobs (few requests pool)
     verified: tuple = (None, None)  # verify_on_device's tables, on the device
+    seeded_states: list = field(default_factory=list)  # the seeded generators' states before
 
 
 class ModelRunner:
@@ -116,6 +120,7 @@ class ModelRunner:
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
         prompt_lp, sampling, generators, pooling = [], [], [], []
         verify_rows, drafts, draft_sampled, draft_inputs, draft_generators = [], [], [], [], []
+        draft_seeded = []
         seqs = step.sequences
         tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
         for row, s in enumerate(seqs):
@@ -137,8 +142,10 @@ class ModelRunner:
                     draft_sampled.append(len(drafts) - 1)
                     rows = len(s.draft_token_ids) + 1
                     draft_inputs.extend([s.draft_sampling] * rows)
-                    draft_generators.extend(
-                        [self._generator(s.request_id, s.draft_sampling.params.seed)] * rows)
+                    generator = self._generator(s.request_id, s.draft_sampling.params.seed)
+                    draft_generators.extend([generator] * rows)
+                    if generator is not None:
+                        draft_seeded.append((len(drafts) - 1, generator))
             if s.pooling is not None:
                 pooling.append(PoolingRows(s.request_id, starts[-1],
                                            starts[-1] + len(s.token_ids), s.pooling))
@@ -169,7 +176,8 @@ class ModelRunner:
             if draft_inputs else None,
             max((s.draft_logprobs for s in seqs if s.draft_token_ids and s.draft_logprobs is not None),
                 default=-1),
-            (step.draft_bitmask, step.draft_constrained_rows) if step.draft_bitmask is not None else None)
+            (step.draft_bitmask, step.draft_constrained_rows) if step.draft_bitmask is not None else None,
+            draft_seeded)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:
@@ -199,7 +207,8 @@ class ModelRunner:
         sampled = None
         if batch.sampling is not None:
             sampled = sample(logits[: batch.num_sampled], batch.sampling, self.generator)
-        verified = self._verified(self._verify_on_device(logits, batch), batch)
+        states = [g.get_state() for _, g in batch.draft_seeded]
+        verified = self._verified(self._verify_on_device(logits, batch), batch, states)
         return ModelRunnerOutput(sampled, self._prompt_logprobs(logits, batch), pooled, *verified)
 
     def _verify_on_device(self, logits: torch.Tensor | None, batch: PreparedBatch):
@@ -207,9 +216,14 @@ class ModelRunner:
                                 self.generator, batch.draft_logprobs, batch.draft_grammar)
 
     @staticmethod
-    def _verified(tables, batch: PreparedBatch):
+    def _verified(tables, batch: PreparedBatch, seeded_states: list):
         table, logprobs = (None if t is None else t.cpu() for t in tables)
-        return verify(table, batch.drafts, logprobs, batch.draft_logprobs)
+        tokens, per_token_logprobs = verify(table, batch.drafts, logprobs, batch.draft_logprobs)
+        for (index, generator), state in zip(batch.draft_seeded, seeded_states):
+            generator.set_state(state)  # one draw per token kept, as without speculation
+            for _ in tokens[index]:
+                torch.rand(1, generator=generator, dtype=torch.float64)
+        return tokens, per_token_logprobs
 
     def _prompt_logprobs(self, logits: torch.Tensor, batch: PreparedBatch) -> list[PromptLogprobs]:
         prompt_logprobs, row = [], batch.num_sampled
@@ -239,9 +253,10 @@ class ModelRunner:
                 table = torch.empty(on_device.shape, dtype=on_device.dtype, pin_memory=True)
                 table.copy_(on_device, non_blocking=True)
             prompt_logprobs = self._prompt_logprobs(logits, batch)
+            states = [g.get_state() for _, g in batch.draft_seeded]
             verified = self._verify_on_device(logits, batch)
             notify()
-        return LaunchedStep(batch, table, prompt_logprobs, pooled, verified)
+        return LaunchedStep(batch, table, prompt_logprobs, pooled, verified, states)
 
     @staticmethod
     def finish(step: LaunchedStep) -> ModelRunnerOutput:
@@ -250,7 +265,7 @@ class ModelRunner:
         if step.table is not None:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
         return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
-                                 *ModelRunner._verified(step.verified, step.batch))
+                                 *ModelRunner._verified(step.verified, step.batch, step.seeded_states))
 
 
 @torch.inference_mode()

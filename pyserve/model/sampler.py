@@ -211,22 +211,18 @@ def _weights(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor
 
 def draft_verdicts(logits: torch.Tensor, meta: SamplingMetadata, drafts: torch.Tensor,
                    default: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rejection sampling of proposals that are certain (prompt lookup proposes one token, so
-    its draft distribution q is a point mass): a row's draft x is accepted with probability
-    min(1, p(x) / q(x)) = p(x); on rejection the token is drawn from the residual
-    max(p - q, 0), which is p without x. A row without a draft (drafts < 0: the last row)
-    draws from p. The tokens so produced are distributed exactly as p's samples (vLLM's
-    rejection sampler). logits [R, V] (no penalties: their history changes along the drafts)
-    -> (accepted [R] bool, the token drawn instead [R])."""
+    """Verification of proposals that are certain (prompt lookup proposes one token, so its
+    draft distribution q is a point mass): each row draws its token from p exactly as plain
+    sampling would, with one uniform a row, and the draft x is kept when the draw is x. That
+    keeps x with probability p(x) = min(1, p(x) / q(x)) and otherwise yields a draw from p
+    without x, the residual max(p - q, 0): rejection sampling's outcome (vLLM's), and, for a
+    seeded request whose generator gives row i the uniform plain sampling would give its
+    i-th next token, the very tokens it would sample without speculation. A row without a
+    draft (drafts < 0: the last row) just draws. logits [R, V] (no penalties: their history
+    changes along the drafts) -> (accepted [R] bool, the token drawn [R])."""
     weights, fallback = _weights(logits, meta)
-    has_draft = drafts >= 0
-    index = drafts.clamp(min=0)[:, None]
-    p_draft = weights.gather(1, index).squeeze(1) / weights.sum(dim=-1)
-    accept = has_draft & (_uniforms(meta.generators, default, logits.device) < p_draft)
-    residual = torch.where(has_draft[:, None], weights.scatter(1, index, 0.0), weights)
-    fallback = torch.where(residual.gather(1, fallback[:, None]).squeeze(1) > 0, fallback,
-                           residual.argmax(dim=-1))
-    return accept, _draw(residual, _uniforms(meta.generators, default, logits.device), fallback)
+    drawn = _draw(weights, _uniforms(meta.generators, default, logits.device), fallback)
+    return (drafts >= 0) & (drawn == drafts), drawn
 
 
 def sample(logits: torch.Tensor, meta: SamplingMetadata, default: torch.Generator) -> SamplerOutput:

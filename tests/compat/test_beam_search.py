@@ -151,6 +151,7 @@ def test_a_stop_string_ends_a_beam(client):
     ({"n": 11}, "n"),  # 2 x 11 logprobs a step, past --max-logprobs 20 (vLLM refuses it too)
     ({"max_tokens": 600}, "max_tokens"),
     ({"length_penalty": "long"}, "length_penalty"),
+    ({"priority": 1}, "priority"),  # the server schedules first come, first served
 ])
 def test_what_beam_search_cannot_honour_is_a_400_naming_the_field(server, extra, param):
     for path, base in (("/v1/completions", {"prompt": PROMPT}),

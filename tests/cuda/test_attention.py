@@ -170,6 +170,25 @@ def test_cuda_matches_cpu_kernel():
         torch.testing.assert_close(batch.run().cpu(), cpu_out, atol=2e-5, rtol=1e-5)
 
 
+def test_sliding_window_and_softcap_match_cpu_kernel():
+    # Gemma's local layers and Gemma 2's scores: the CPU kernel (tests/kernels/
+    # test_sliding_window.py checks it against PyTorch) on the same float32 data. The long
+    # decode splits, and most of its splits lie wholly below the window.
+    for specs, window, softcap, head_size in (
+        (MIXED, 8, 0.0, 128), (MIXED, 40, 50.0, 256), ([(4096, 1), (300, 20), (2000, 1)], 100, 0.0, 64),
+        (MIXED, 0, 5.0, 64),
+    ):
+        batch = Batch(specs, 2, 8, head_size, 16, torch.float32, pad_rows=1)
+        cpu_out = torch.full_like(batch.query, 7.0, device="cpu")
+        _native.paged_attention(cpu_out, batch.query.cpu(), batch.key_cache.cpu(), batch.value_cache.cpu(),
+                                batch.block_tables.cpu(), batch.query_start_loc.cpu(), batch.seq_lens.cpu(),
+                                batch.scale, window, softcap)
+        out = torch.full_like(batch.query, 7.0)
+        _native.paged_attention(out, batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+                                batch.query_start_loc, batch.seq_lens, batch.scale, window, softcap)
+        torch.testing.assert_close(out.cpu(), cpu_out, atol=2e-5, rtol=1e-5)
+
+
 def test_rejects_unsupported_head_size_and_mixed_devices():
     batch = Batch([(10, 1)], 1, 4, 64, 16, torch.float32)
     q96 = torch.zeros(1, 4, 96, device="cuda")

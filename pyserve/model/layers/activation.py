@@ -12,3 +12,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         _native.silu_and_mul(out, x)
         return out
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2d] holding [gate | up] -> gelu_tanh(gate) * up, [..., d] (Gemma's MLP)."""
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]

@@ -23,10 +23,16 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    """window: a sliding window (a query at position p sees keys p - window + 1 ..= p), None
+    for global attention; each layer passes its own, so local and global layers mix in one
+    step. softcap: scores s -> softcap * tanh(s / softcap) (Gemma 2), None for none."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 window: int | None = None, softcap: float | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
+        self.window, self.softcap = window, softcap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -35,5 +41,6 @@ class PagedAttention(nn.Module):
         _native.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         _native.paged_attention(out, q, key_cache, value_cache, meta.block_tables,
-                                meta.query_start_loc, meta.seq_lens, self.scale)
+                                meta.query_start_loc, meta.seq_lens, self.scale, self.window or 0,
+                                self.softcap or 0.0)
         return out.view(q.shape[0], -1)

@@ -32,3 +32,25 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = residual + x
         return self._norm(x), x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the weight is stored as an offset from one, out = to_dtype(x_normed *
+    (1 + weight)) with the product in float32 (transformers' Gemma 2/3 order: multiply, then
+    round, where Llama rounds first). No fused residual: Gemma normalises a sublayer's output
+    before adding it."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + self.weight.float()
+        if x.dtype == torch.float32 and x.is_contiguous():
+            out = torch.empty_like(x)  # float32: the native order is transformers' order
+            _native.rms_norm(out, x, scale, self.eps)
+            return out
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * scale).to(x.dtype)

@@ -1,4 +1,4 @@
-"""Rotary position embedding, neox style (rotate halves), with Llama 3 frequency scaling.
+"""Rotary position embedding, neox style (rotate halves), with Llama 3 or linear frequency scaling.
 
 cos/sin are tabulated once in float32 for every position up to the model length; the
 inverse frequencies are computed exactly as Hugging Face computes them so float32 output
@@ -37,9 +37,12 @@ class RotaryEmbedding(nn.Module):
         inv_freq = _inv_freq(head_dim, base)
         if scaling is not None:
             kind = scaling.get("rope_type")
-            if kind != "llama3":
-                raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3)")
-            inv_freq = _llama3_scaled(inv_freq, scaling)
+            if kind == "llama3":
+                inv_freq = _llama3_scaled(inv_freq, scaling)
+            elif kind == "linear":  # positions divided by the factor (Gemma 3's global layers)
+                inv_freq = inv_freq / float(scaling["factor"])
+            else:
+                raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3, linear)")
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
         self.register_buffer("cos", freqs.cos(), persistent=False)  # [max_positions, head_dim/2]

@@ -33,7 +33,8 @@ _STACKED = {
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
+                 window: int | None = None):
         super().__init__()
         d = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
@@ -45,7 +46,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
         self.k_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, window)
         self.head_dim = d
 
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
@@ -72,10 +73,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
+                 window: int | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(arch, rotary, dtype, tp)
+        self.self_attn = LlamaAttention(arch, rotary, dtype, tp, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(arch, dtype, tp)
         self.tp = tp
@@ -84,10 +86,11 @@ class LlamaDecoderLayer(nn.Module):
     def make_native(self) -> None:
         """Runs the layer as one call into the extension (the same kernels in the same order,
         without the Python between them) where it can: one rank, packed weights on the CPU,
-        no q/k norm, biases on qkv only."""
+        no q/k norm, biases on qkv only, no sliding window."""
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if (self.tp.size != 1 or attn.q_norm is not None or any(l.packed is None for l in linears)
+        if (self.tp.size != 1 or attn.q_norm is not None or attn.attn.window is not None
+                or any(l.packed is None for l in linears)
                 or any(l.bias is not None for l in linears[1:])):
             return
         self.native = _native.LlamaLayer(
@@ -119,7 +122,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, rotary, dtype, tp) for _ in range(arch.num_layers))
+            LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i))
+            for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):

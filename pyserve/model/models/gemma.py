@@ -1,0 +1,176 @@
+"""The Gemma 2 and Gemma 3 text decoders (Gemma3ForConditionalGeneration checkpoints served
+text-only). Shapes: T tokens in the step, H query heads, Hkv KV heads, D head size.
+
+How they differ from the Llama family (llama.py), as transformers computes them:
+- the embedding is scaled by sqrt(hidden_size), a constant rounded to the activation dtype;
+- RMSNorm is x_normed * (1 + weight), and each sublayer's output is normalised again before
+  the residual add (pre/post attention and pre/post feed-forward norms);
+- Gemma 3 normalises q and k per head (the same (1 + weight) norm) before rotary;
+- the MLP is gelu_tanh(gate) * up; head_dim is its own config value; the attention scale is
+  query_pre_attn_scalar ** -0.5;
+- layers are local (sliding window) or global per ModelArch.layer_types; Gemma 3's local
+  layers use rope base rope_local_theta, its global ones rope_theta with the config's scaling;
+- Gemma 2 softcaps attention scores (in the paged kernel) and final logits: c * tanh(x / c).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pyserve.model.arch import ModelArch
+from pyserve.model.layers.activation import gelu_tanh_and_mul
+from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
+from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyserve.model.layers.norm import GemmaRMSNorm
+from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.rotary import RotaryEmbedding
+from pyserve.model.loader import fill_parameter
+from pyserve.model.models.llama import _STACKED, KVCache
+
+# checkpoint prefixes of a multimodal Gemma 3's text model (transformers 5, then 4) -> ours
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_UNSERVED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector.")
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, window: int | None,
+                 dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        d = arch.head_dim
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
+                                          arch.attention_bias, dtype, tp)
+        self.num_heads = tp.shard(arch.num_heads, "num_attention_heads")
+        self.num_kv_heads = self.qkv_proj.num_kv_heads_per_rank
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, False, dtype, tp)
+        self.qk_norm = arch.qk_norm
+        if self.qk_norm:
+            self.q_norm = GemmaRMSNorm(d, arch.rms_norm_eps, dtype)
+            self.k_norm = GemmaRMSNorm(d, arch.rms_norm_eps, dtype)
+        self.rotary = rotary
+        scale = (arch.query_pre_attn_scalar or d) ** -0.5
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, scale, window,
+                                   arch.attn_logit_softcapping)
+        self.head_dim = d
+
+    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
+        qkv = self.qkv_proj(hidden)  # [T, (H + 2 Hkv) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        if arch.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"Gemma hidden_activation '{arch.hidden_activation}' is not supported "
+                             "(supported: gelu_pytorch_tanh)")
+        n = arch.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [n, n], False, dtype, tp)
+        self.down_proj = RowParallelLinear(n, arch.hidden_size, False, dtype, tp)
+
+    def forward(self, x):
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, window: int | None,
+                 dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        h, eps = arch.hidden_size, arch.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(h, eps, dtype)
+        self.self_attn = GemmaAttention(arch, rotary, window, dtype, tp)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps, dtype)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
+        self.mlp = GemmaMLP(arch, dtype, tp)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
+
+    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
+        """hidden: the residual stream [T, hidden_size] -> the next layer's."""
+        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
+        # a 0-dim tensor of the activation dtype, as transformers multiplies by
+        self.register_buffer("normalizer", torch.tensor(arch.hidden_size ** 0.5, dtype=dtype),
+                             persistent=False)
+        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        local = rotary  # Gemma 2: one rope for every layer
+        if arch.rope_local_theta is not None:
+            local = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_local_theta, None)
+        layers = []
+        for i in range(arch.num_layers):
+            window = arch.layer_window(i)
+            layers.append(GemmaDecoderLayer(arch, local if window else rotary, window, dtype, tp))
+        self.layers = nn.ModuleList(layers)
+        self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
+        hidden = self.embed_tokens(input_ids) * self.normalizer
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta)
+        return self.norm(hidden)
+
+
+class GemmaForCausalLM(nn.Module):
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
+        super().__init__()
+        self.arch = arch
+        self.model = GemmaModel(arch, max_positions, dtype, tp)
+        self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
+                        else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
+        """-> hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[n, vocab] on rank 0 (softcapped where the config says); None on the other ranks."""
+        logits = self.lm_head.logits(hidden, self.arch.vocab_size)
+        cap = self.arch.final_logit_softcapping
+        if logits is not None and cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """As LlamaForCausalLM.load_weights, a multimodal checkpoint's text model renamed."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded = set()
+        for name, tensor in weights:
+            for prefix, ours in _TEXT_PREFIXES:
+                if name.startswith(prefix):
+                    name = ours + name[len(prefix):]
+                    break
+            if name.startswith(_UNSERVED) or "rotary_emb." in name:
+                continue
+            if name == "lm_head.weight" and self.arch.tie_word_embeddings:
+                continue
+            target, shard = name, None
+            for fragment, (merged, shard_id) in _STACKED.items():
+                if f".{fragment}." in name:
+                    target, shard = name.replace(fragment, merged), shard_id
+                    break
+            param = params.get(target)
+            if param is None:
+                continue
+            fill_parameter(param, tensor, shard)
+            loaded.add(target)
+        return loaded
