@@ -177,7 +177,7 @@ def admit_pooling(limits: Limits, request_id: str, prompt_token_ids: list[int], 
     n, vocab, max_len = len(prompt_token_ids), limits.vocab_size, limits.max_model_len
     if n == 0:
         raise InvalidRequest("input", "input is empty")
-    if any(not 0 <= t < vocab for t in prompt_token_ids):
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:  # C loops, not Python's
         raise InvalidRequest("input", f"input holds token ids outside the vocabulary [0, {vocab})")
     if n > max_len:
         raise InvalidRequest("input", f"This model's maximum context length is {max_len} tokens. "

@@ -81,6 +81,14 @@ class EngineCore:
                     self.max_model_len, num_blocks / plan.blocks_per_sequence, plan.block_order)
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order)
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
+        spec = config.scheduler.speculative_config
+        if spec is not None:
+            logger.info("speculative decoding: %s, up to %d draft tokens a step (lookup %d-%d "
+                        "tokens)%s", spec.method, spec.num_speculative_tokens,
+                        spec.prompt_lookup_min, spec.prompt_lookup_max,
+                        "" if spec.disable_by_batch_size is None else
+                        f", none while more than {spec.disable_by_batch_size} requests run "
+                        "(disable_by_batch_size)")
         self.requests = RequestTable()
         # structured outputs: xgrammar and the vocabulary are read on the first grammar only
         self.grammars = GrammarCompiler(self.tokenizer, plan.vocab_size, tuple(sorted(eos)))

@@ -5,7 +5,8 @@ proposed. Vectorised over the token history (numpy), no Python loop per token.
 
 Backoff: each request proposes up to its own lookahead, which next_lookahead moves after every
 verified step, so a request whose text does not repeat soon stops paying for rejected rows;
-at 0 it pauses for PAUSE_TOKENS output tokens, then tries one draft again."""
+at 0 it pauses for PAUSE_TOKENS output tokens (twice as long for each pause in a row without
+a kept draft between), then tries one draft again."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 
+# the tokens looked up: the most recent ones, so a step's cost is bounded in long contexts
+LOOKUP_WINDOW = 4096
+
+
 def propose(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens to propose after `tokens`; [] when no suffix n-gram recurs."""
-    history = np.asarray(tokens, dtype=np.int64)
+    history = np.asarray(tokens[-LOOKUP_WINDOW:], dtype=np.int64)
     size = len(history)
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         # windows that start before the suffix and end before the last token, so that a

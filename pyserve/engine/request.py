@@ -57,6 +57,7 @@ class Request:
         # output length at which a paused request (lookahead 0) tries again
         self.lookahead: int | None = None
         self.lookahead_resume = 0
+        self.lookahead_pauses = 0  # pauses since drafts were last kept
         # a pooling (embedding) request: its PoolingState (engine/pooling.py); it never samples
         self.pooling = None
 

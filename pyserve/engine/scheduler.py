@@ -213,8 +213,12 @@ class Scheduler:
         spec = self.config.speculative_config
         k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
         request.lookahead = next_lookahead(k, drafted, kept, spec.num_speculative_tokens)
-        if request.lookahead == 0:
-            request.lookahead_resume = len(request.output_token_ids) + PAUSE_TOKENS
+        if kept:
+            request.lookahead_pauses = 0
+        if request.lookahead == 0:  # each pause in a row twice as long as the last
+            request.lookahead_resume = (len(request.output_token_ids)
+                                        + PAUSE_TOKENS * 2 ** request.lookahead_pauses)
+            request.lookahead_pauses += 1
 
     def _index_after(self, request: Request) -> int:
         try:

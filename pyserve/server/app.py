@@ -140,6 +140,7 @@ def _build_routes(state: ServerState, engine) -> Router:
         async def refuse(request: Request) -> Response:
             raise APIError(400, f"the model '{serving.model_name}' is an embedding model: it "
                            "serves /v1/embeddings and /pooling, not text generation", "model")
+        refuse.refuses_generation = True  # /invocations sends such bodies to embeddings
         return refuse
 
     from pyserve.server.metrics import metrics_handler

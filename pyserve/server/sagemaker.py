@@ -26,7 +26,11 @@ class Invocations:
     async def __call__(self, request: Request) -> Response | StreamingResponse:
         body = json_object(request)
         served = [(key, path, name) for key, path, name in TARGETS
-                  if self.router.handler("POST", path) is not None]
+                  if self.router.handler("POST", path) is not None
+                  and not getattr(self.router.handler("POST", path), "refuses_generation", False)]
+        if ("messages" in body and not any(key == "messages" for key, _, _ in served)
+                and self.router.handler("POST", "/v1/embeddings") is not None):  # an encoder's chat form
+            served.insert(0, ("messages", "/v1/embeddings", "EmbeddingChatRequest"))
         for key, path, _ in served:
             if key in body:
                 return await self.router.handler("POST", path)(request)

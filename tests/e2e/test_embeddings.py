@@ -223,3 +223,17 @@ def test_an_encoder_refuses_generation_and_over_long_inputs(bert_server):
     status, out = post(bert_server.url, "/v1/embeddings",
                        {"input": "word " * 100, "truncate_prompt_tokens": 64}, key=None)
     assert status == 200 and out["usage"]["prompt_tokens"] == 64
+
+
+def test_invocations_send_an_encoders_chat_form_to_embeddings(bert_server):
+    messages = [{"role": "user", "content": "hello there"}]
+    status, out = post(bert_server.url, "/invocations", {"messages": messages}, key=None)
+    # routed to /v1/embeddings' chat form (not refused as generation); this tiny BERT has no
+    # chat template to render it with
+    assert status == 400 and "chat template" in out["error"]["message"], out
+    assert "embedding model" not in out["error"]["message"]
+
+
+def test_per_token_pooling_is_bounded(server):
+    status, out = post(server.url, "/pooling", {"input": ["word " * 500] * 200})
+    assert status == 400 and "values" in out["error"]["message"]

@@ -21,7 +21,8 @@ class EncoderForEmbedding(nn.Module):
         self.encoder = BertEmbeddingModel(arch, dtype)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        return self.encoder(input_ids, positions, meta.query_start_loc)
+        # the encoder reads the boundaries on the host each layer: one copy a step, not one each
+        return self.encoder(input_ids, positions, meta.query_start_loc.cpu())
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"{self.arch.architecture} is an encoder: it has no logits to sample")

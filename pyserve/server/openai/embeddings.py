@@ -28,6 +28,10 @@ from pyserve.server.openai.params import field
 logger = logging.getLogger("pyserve.requests")
 
 MAX_INPUTS = 2048  # OpenAI's cap on inputs in one embeddings request
+# values (floats) one response may carry: per-token pooling returns tokens x hidden of them,
+# so this bounds a /pooling answer near 400 MB of JSON
+MAX_POOLED_VALUES = 2**25
+_OFF_LOOP_VALUES = 2**16  # a response with more values than this is encoded off the loop
 _OFF_LOOP_CHARS = 20_000  # a batch with more text than this is tokenized off the event loop
 
 # fields each route reads; vLLM's others that pyserve does not implement are refused (400),
@@ -53,9 +57,7 @@ class OpenAIServingEmbedding:
         task = "embed"
         params, fmt = self._params(body, _FIELDS, task)
         rows = await self._run(request, body, params, "embd-")
-        data = [{"index": i, "object": "embedding", "embedding": _encode(pooled, fmt)}
-                for i, pooled in enumerate(rows["pooled"])]
-        return self._response(rows, data)
+        return await self._response(rows, "embedding", "embedding", fmt)
 
     async def pooling(self, request: Request) -> Response:
         """vLLM's /pooling: `task` "token_embed" (the default: every token's final hidden
@@ -64,9 +66,7 @@ class OpenAIServingEmbedding:
         task = field(body, "task", str, "token_embed")
         params, fmt = self._params(body, _POOLING_FIELDS, task)
         rows = await self._run(request, body, params, "pool-")
-        data = [{"index": i, "object": "pooling", "data": _encode(pooled, fmt)}
-                for i, pooled in enumerate(rows["pooled"])]
-        return self._response(rows, data)
+        return await self._response(rows, "pooling", "data", fmt)
 
     # -- request parsing -----------------------------------------------------------------------
     def _params(self, body: dict, known: set[str], task: str) -> tuple[PoolingParams, str]:
@@ -139,6 +139,12 @@ class OpenAIServingEmbedding:
     # -- running -------------------------------------------------------------------------------
     async def _run(self, request: Request, body: dict, params: PoolingParams, prefix: str) -> dict:
         inputs = await self._inputs(body)
+        width = self.engine.hidden_size if params.dimensions is None else params.dimensions
+        rows_each = [len(ids) if params.task == "token_embed" else 1 for _, ids in inputs]
+        if sum(rows_each) * width > MAX_POOLED_VALUES:
+            raise APIError(400, f"the request would return {sum(rows_each) * width} values, more than "
+                           f"the {MAX_POOLED_VALUES} one response may hold; send fewer or shorter "
+                           "inputs", "input")
         priority = field(body, "priority", int, 0)
         max_queued = self.serving.max_queued
         if max_queued is not None and self.engine.num_waiting() + len(inputs) > max_queued:
@@ -173,14 +179,23 @@ class OpenAIServingEmbedding:
         return {"id": request_id, "pooled": pooled,
                 "prompt_tokens": sum(len(ids) for _, ids in inputs)}
 
-    def _response(self, rows: dict, data: list[dict]) -> Response:
+    async def _response(self, rows: dict, kind: str, key: str, fmt: str) -> Response:
+        """The JSON body, encoded off the event loop when it is large (thousands of vectors
+        as floats take a second to write)."""
         tokens = rows["prompt_tokens"]
-        return Response(200, orjson.dumps({
-            "id": rows["id"], "object": "list", "created": int(time.time()),
-            "model": self.serving.model_name, "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                      "prompt_tokens_details": None}}))
 
+        def encode() -> bytes:
+            data = [{"index": i, "object": kind, key: _encode(pooled, fmt)}
+                    for i, pooled in enumerate(rows["pooled"])]
+            return orjson.dumps({
+                "id": rows["id"], "object": "list", "created": int(time.time()),
+                "model": self.serving.model_name, "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                          "prompt_tokens_details": None}})
+        values = sum(p.numel() for p in rows["pooled"])
+        if values < _OFF_LOOP_VALUES:
+            return Response(200, encode())
+        return Response(200, await asyncio.get_running_loop().run_in_executor(None, encode))
 
 def _token_list(value: list) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
