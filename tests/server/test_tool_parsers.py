@@ -380,7 +380,9 @@ ADVERSARIAL = [
 def test_adversarial_outputs_extract_in_linear_time(name, text):
     t = time.perf_counter()
     parser_for(name, WEATHER_TOOLS).extract(text)
-    assert time.perf_counter() - t < 1.0
+    # a bound against quadratic blow-up (hours at N = 100,000), not a speed figure: linear work
+    # takes about a second at worst on a loaded 2-core machine
+    assert time.perf_counter() - t < 10.0
 
 
 @pytest.mark.parametrize("index", [1, 4, 5, 8, 13, 16, 18, 19, 22, 23, 25])
@@ -391,7 +393,7 @@ def test_adversarial_outputs_stream_in_linear_time(index):
     for ch in text[:20_000]:
         p.feed(ch)
     p.finish()
-    assert time.perf_counter() - t < 2.0
+    assert time.perf_counter() - t < 20.0  # against quadratic blow-up, as above
 
 
 def _text_piece(rng, avoid):
