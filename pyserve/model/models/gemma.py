@@ -23,13 +23,12 @@ from torch import nn
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import gelu_tanh_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
-from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pyserve.model.layers.embedding import VocabParallelEmbedding
 from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyserve.model.layers.norm import GemmaRMSNorm
-from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.parallel import TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
-from pyserve.model.loader import fill_parameter
-from pyserve.model.models.llama import _STACKED, KVCache
+from pyserve.model.models.llama import KVCache, LlamaForCausalLM
 
 # checkpoint prefixes of a multimodal Gemma 3's text model (transformers 5, then 4) -> ours
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -130,47 +129,30 @@ class GemmaModel(nn.Module):
         return self.norm(hidden)
 
 
-class GemmaForCausalLM(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
-        super().__init__()
-        self.arch = arch
-        self.model = GemmaModel(arch, max_positions, dtype, tp)
-        self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
-                        else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
+class GemmaForCausalLM(LlamaForCausalLM):
+    """The Llama wrapper (LM head, tied embeddings, stacked-weight loading) around GemmaModel,
+    with Gemma 2's final logit softcap and a multimodal checkpoint's text model renamed."""
 
-    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
-        """-> hidden states [T, hidden_size]."""
-        return self.model(input_ids, positions, kv_caches, meta)
+    model_class = GemmaModel
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """[n, vocab] on rank 0 (softcapped where the config says); None on the other ranks."""
-        logits = self.lm_head.logits(hidden, self.arch.vocab_size)
+        logits = super().compute_logits(hidden)
         cap = self.arch.final_logit_softcapping
         if logits is not None and cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """As LlamaForCausalLM.load_weights, a multimodal checkpoint's text model renamed."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        loaded = set()
-        for name, tensor in weights:
-            for prefix, ours in _TEXT_PREFIXES:
-                if name.startswith(prefix):
-                    name = ours + name[len(prefix):]
-                    break
-            if name.startswith(_UNSERVED) or "rotary_emb." in name:
-                continue
-            if name == "lm_head.weight" and self.arch.tie_word_embeddings:
-                continue
-            target, shard = name, None
-            for fragment, (merged, shard_id) in _STACKED.items():
-                if f".{fragment}." in name:
-                    target, shard = name.replace(fragment, merged), shard_id
-                    break
-            param = params.get(target)
-            if param is None:
-                continue
-            fill_parameter(param, tensor, shard)
-            loaded.add(target)
-        return loaded
+        return super().load_weights(_text_weights(weights))
+
+
+def _text_weights(weights):
+    """A checkpoint's tensors under the text model's names; the vision tower's left out."""
+    for name, tensor in weights:
+        for prefix, ours in _TEXT_PREFIXES:
+            if name.startswith(prefix):
+                name = ours + name[len(prefix):]
+                break
+        if not name.startswith(_UNSERVED) and "rotary_emb." not in name:
+            yield name, tensor

@@ -135,10 +135,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    model_class = LlamaModel  # the decoder stack (GemmaForCausalLM names its own)
+
     def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch, max_positions, dtype, tp)
+        self.model = self.model_class(arch, max_positions, dtype, tp)
         self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
                         else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
 
