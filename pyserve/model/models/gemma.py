@@ -22,13 +22,12 @@ from torch import nn
 
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import gelu_tanh_and_mul
-from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
+from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.layers.embedding import VocabParallelEmbedding
-from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyserve.model.layers.norm import GemmaRMSNorm
 from pyserve.model.layers.parallel import TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
-from pyserve.model.models.llama import KVCache, LlamaForCausalLM
+from pyserve.model.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 # checkpoint prefixes of a multimodal Gemma 3's text model (transformers 5, then 4) -> ours
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -37,51 +36,19 @@ _UNSERVED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
              "model.multi_modal_projector.")
 
 
-class GemmaAttention(nn.Module):
-    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, window: int | None,
-                 dtype: torch.dtype, tp: TPGroup):
-        super().__init__()
-        d = arch.head_dim
-        self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
-                                          arch.attention_bias, dtype, tp)
-        self.num_heads = tp.shard(arch.num_heads, "num_attention_heads")
-        self.num_kv_heads = self.qkv_proj.num_kv_heads_per_rank
-        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, False, dtype, tp)
-        self.qk_norm = arch.qk_norm
-        if self.qk_norm:
-            self.q_norm = GemmaRMSNorm(d, arch.rms_norm_eps, dtype)
-            self.k_norm = GemmaRMSNorm(d, arch.rms_norm_eps, dtype)
-        self.rotary = rotary
-        scale = (arch.query_pre_attn_scalar or d) ** -0.5
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, scale, window,
-                                   arch.attn_logit_softcapping)
-        self.head_dim = d
-
-    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
-        qkv = self.qkv_proj(hidden)  # [T, (H + 2 Hkv) D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+def gemma_attention(arch: ModelArch, rotary: RotaryEmbedding, window: int | None,
+                    dtype: torch.dtype, tp: TPGroup) -> LlamaAttention:
+    """Llama's attention with Gemma's q/k norm, query_pre_attn_scalar and softcap."""
+    return LlamaAttention(arch, rotary, dtype, tp, window, norm=GemmaRMSNorm,
+                          scale=(arch.query_pre_attn_scalar or arch.head_dim) ** -0.5,
+                          softcap=arch.attn_logit_softcapping)
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup):
-        super().__init__()
-        if arch.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ValueError(f"Gemma hidden_activation '{arch.hidden_activation}' is not supported "
-                             "(supported: gelu_pytorch_tanh)")
-        n = arch.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [n, n], False, dtype, tp)
-        self.down_proj = RowParallelLinear(n, arch.hidden_size, False, dtype, tp)
-
-    def forward(self, x):
-        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x)))
+def gemma_mlp(arch: ModelArch, dtype: torch.dtype, tp: TPGroup) -> LlamaMLP:
+    if arch.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"Gemma hidden_activation '{arch.hidden_activation}' is not supported "
+                         "(supported: gelu_pytorch_tanh)")
+    return LlamaMLP(arch, dtype, tp, activation=gelu_tanh_and_mul)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -90,10 +57,10 @@ class GemmaDecoderLayer(nn.Module):
         super().__init__()
         h, eps = arch.hidden_size, arch.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(h, eps, dtype)
-        self.self_attn = GemmaAttention(arch, rotary, window, dtype, tp)
+        self.self_attn = gemma_attention(arch, rotary, window, dtype, tp)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps, dtype)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
-        self.mlp = GemmaMLP(arch, dtype, tp)
+        self.mlp = gemma_mlp(arch, dtype, tp)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
 
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):

@@ -34,7 +34,10 @@ _STACKED = {
 
 class LlamaAttention(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
-                 window: int | None = None):
+                 window: int | None = None, norm=RMSNorm, scale: float | None = None,
+                 softcap: float | None = None):
+        """norm: the q/k norm's class (Qwen3's RMSNorm, Gemma's (1 + w) one); scale: the
+        scores' scale (None: 1 / sqrt(head_dim)); softcap: Gemma 2's attention softcap."""
         super().__init__()
         d = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, d, arch.num_heads, arch.num_kv_heads,
@@ -43,10 +46,11 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads_per_rank
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
         self.o_proj = RowParallelLinear(arch.num_heads * d, arch.hidden_size, False, dtype, tp)
-        self.q_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
-        self.k_norm = RMSNorm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
+        self.q_norm = norm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
+        self.k_norm = norm(d, arch.rms_norm_eps, dtype) if arch.qk_norm else None
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5, window)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d,
+                                   d ** -0.5 if scale is None else scale, window, softcap)
         self.head_dim = d
 
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
@@ -62,14 +66,16 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup):
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, activation=silu_and_mul):
+        """activation: the gated MLP's (SiLU here, GELU-tanh for Gemma)."""
         super().__init__()
         n = arch.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(arch.hidden_size, [n, n], False, dtype, tp)
         self.down_proj = RowParallelLinear(n, arch.hidden_size, False, dtype, tp)
+        self.activation = activation
 
     def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.activation(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
