@@ -8,7 +8,9 @@ packed weight widened back (what apply_linear does above PACKED_MAX_ROWS).
 
 Prints milliseconds per pass over all 30 layers and the GFLOP/s that is (2 · rows · 106 M
 multiply-adds); the random weights and quants have the real shapes, so the times are the
-model's.
+model's. Then, at decode shape (one row), the packed kernel's weight bandwidth per GGUF block
+type (GB/s of packed weight read), over three layers of a 1B Llama's shapes (TinyLlama: K of
+2,048 and 5,632, multiples of the K-quants' 256), too large for the caches.
 """
 
 from __future__ import annotations
@@ -34,6 +36,52 @@ def _q4_1_blocks(n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.concatenate([d, m, qs], axis=2).reshape(n, -1)))
 
 
+# (N, K) of one TinyLlama-1.1B layer: qkv, o, gate/up, down
+DECODE_SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
+DECODE_LAYERS = 3
+# GGUF type -> (weights, bytes) per block, and where its float16 scales sit
+GGUF_BLOCKS = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)),
+               "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)),
+               "Q6_K": (256, 210, (208,))}
+
+
+def _random_blocks(kind: str, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """Random quants and integer scales, small float16 scales: what the kernel reads is the
+    same for any values."""
+    weights, size, scales = GGUF_BLOCKS[kind]
+    blocks = rng.integers(0, 256, (n, k // weights, size), dtype=np.uint8)
+    for at in scales:
+        d = rng.uniform(1e-3, 0.05, (n, k // weights)).astype(np.float16)
+        blocks[:, :, at:at + 2] = d.view(np.uint8).reshape(n, k // weights, 2)
+    return torch.from_numpy(blocks.reshape(n, -1))
+
+
+def decode_bandwidth(repeats: int) -> None:
+    """One row through DECODE_LAYERS layers per type: GB/s of packed weight bytes."""
+    rng = np.random.default_rng(0)
+    x = {k: torch.randn(1, k) for k in {k for _, k in DECODE_SHAPES}}
+    print(f"\ndecode (1 row), {DECODE_LAYERS} TinyLlama layers: packed weight GB/s per GGUF type")
+    for kind in GGUF_BLOCKS:
+        layers = [[_native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind) for n, k in DECODE_SHAPES]
+                  for _ in range(DECODE_LAYERS)]
+        total = sum(w.numel() for ws in layers for w in ws)
+        out = {n: torch.empty(1, n) for n, _ in DECODE_SHAPES}
+
+        def one_pass():
+            for ws in layers:
+                for (n, k), w in zip(DECODE_SHAPES, ws):
+                    _native.packed_linear(out[n], x[k], w)
+        one_pass()
+        start = time.perf_counter()
+        for _ in range(repeats * 4):
+            one_pass()
+        seconds = (time.perf_counter() - start) / (repeats * 4)
+        bits = total * 8 / (sum(n * k for n, k in DECODE_SHAPES) * DECODE_LAYERS)
+        print(f"  {kind:5} {bits:5.2f} bits/weight  {total / 1e6:6.1f} MB  {seconds * 1e3:7.2f} ms "
+              f"{total / seconds / 1e9:6.1f} GB/s", flush=True)
+        del layers
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.linear", description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,4,16,64,256,512")
@@ -54,7 +102,7 @@ def main() -> None:
     variants["BLAS on widened Q4_1"] = variants["packed Q4_1"]
     macs = sum(n * k for n, k in SHAPES) * LAYERS
     print(f"{'rows':>5} " + " ".join(f"{name:>22}" for name in variants))
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in args.rows.split(",") if r):  # --rows "": the decode table only
         x = {k: torch.randn(rows, k) for k in (576, 1536)}
         cells = []
         for name, layers in variants.items():
@@ -74,6 +122,7 @@ def main() -> None:
             seconds = (time.perf_counter() - start) / args.repeats
             cells.append(f"{seconds * 1e3:8.1f} ms {2 * rows * macs / seconds / 1e9:5.0f} GF/s")
         print(f"{rows:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
+    decode_bandwidth(args.repeats)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Speculative decoding (n-gram prompt lookup) against plain decoding, in one run, through the
-offline engine on the default model (greedy; the tokens are checked equal on both sides):
+"""Speculative decoding (n-gram prompt lookup, or a draft model with --draft-model) against
+plain decoding, in one run, through the offline engine on the default model (greedy; the
+tokens are checked equal on both sides):
 
 - W1-style single streams on three prompt kinds: "copy" (a RAG-style answer that quotes its
   context), "code" (an edit that returns most of the code), "chat" (free text, little to look
@@ -10,6 +11,7 @@ offline engine on the default model (greedy; the tokens are checked equal on bot
   speculate; --batch-limit sets it (0: no limit) to show what speculating it would cost.
 
     python -m benchmarks.spec_decode [--max-tokens 128] [--k 4] [--repeats 2] [--batch-limit N]
+                                     [--draft-model DIR]
 """
 
 from __future__ import annotations
@@ -72,18 +74,25 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch-limit", type=int, default=None,
                    help="disable_by_batch_size (default: pyserve's, 4; 0: none)")
+    p.add_argument("--draft-model", default=None,
+                   help="speculate with this draft model (a directory or .gguf with the default "
+                        "model's vocabulary) instead of n-gram lookup")
     args = p.parse_args()
     from pyserve.llm import LLM
     from pyserve.sampling_params import SamplingParams
 
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
-            "prompt_lookup_min": 2}
+    if args.draft_model is None:
+        method, spec = "ngram", {"method": "ngram", "num_speculative_tokens": args.k,
+                                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    else:
+        method, spec = "draft", {"method": "draft_model", "model": args.draft_model,
+                                 "num_speculative_tokens": args.k}
     if args.batch_limit is not None:
         spec["disable_by_batch_size"] = args.batch_limit or None
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     batch = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     results = {}
-    for name, flags in (("plain", {}), ("ngram", {"speculative_config": spec})):
+    for name, flags in (("plain", {}), (method, {"speculative_config": spec})):
         llm = LLM(None, max_model_len=2048, **flags)
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
         results[name] = {kind: single_streams(llm, prompts, greedy, args.repeats)
@@ -91,11 +100,11 @@ def main() -> int:
         results[name]["W2"] = batch_throughput(llm, batch)
         llm.shutdown()
         del llm
-    print(f"{'workload':<10} {'plain':>12} {'ngram':>12} {'speedup':>8} {'tokens/step':>12} same tokens")
+    print(f"{'workload':<10} {'plain':>12} {method:>12} {'speedup':>8} {'tokens/step':>12} same tokens")
     for kind in KINDS:
-        (a, ids_a, _), (b, ids_b, length) = results["plain"][kind], results["ngram"][kind]
+        (a, ids_a, _), (b, ids_b, length) = results["plain"][kind], results[method][kind]
         print(f"{kind + ' TPOT':<10} {a:9.2f} ms {b:9.2f} ms {a / b:7.2f}x {length:12.2f} {ids_a == ids_b}")
-    a, b = results["plain"]["W2"], results["ngram"]["W2"]
+    a, b = results["plain"]["W2"], results[method]["W2"]
     print(f"{'W2 tok/s':<10} {a:12.1f} {b:12.1f} {b / a:7.2f}x")
     return 0
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, LOAD_FORMATS,
+                            RAY_COLLECTIVES,
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
@@ -139,10 +140,10 @@ def _model_flags(g) -> None:
     g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="dummy: random weights from config.json")
     g.add_argument("--gguf-activations", choices=GGUF_ACTIVATIONS, default="float32",
-                   help="GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (output bitwise that "
+                   help="GGUF weights kept quantized on the CPU: float32 activations (output bitwise that "
                    "of the float32 model) or int8 (quantized per block of 32 for integer dot "
-                   "products, as llama.cpp does: 2-3x faster linear layers where the CPU has "
-                   "AVX-512 VNNI, not bitwise)")
+                   "products, as llama.cpp does, in the Q4_0 / Q4_1 / Q4_K / Q8_0 layers: 2-3x "
+                   "faster linear layers where the CPU has AVX-512 VNNI, not bitwise)")
     g.add_argument("--generation-config", default="auto",
                    help="default sampling parameters for fields a request leaves out: auto (the "
                    "model's generation_config.json), vllm (none), or a folder holding that file")
@@ -205,8 +206,22 @@ def _parallel_flags(g) -> None:
     g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
                    help="ranks the model is split over: this process plus one worker process "
                         "per extra rank")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=_positive_int, default=1,
+                   help="pipeline stages the layers are split over (mp backend, CPU), each of "
+                        "--tensor-parallel-size ranks: TP x PP processes in all")
+    g.add_argument("--pipeline-micro-batches", type=_positive_int, default=1,
+                   help="pipeline parallelism: micro-batches (of whole sequences) a step is cut "
+                        "into so that stages overlap (1: none, each step's stages in turn)")
     g.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default=None,
-                   help="mp: worker processes (the default above size 1); uni: this process only")
+                   help="mp: worker processes (the default above size 1); uni: this process only; "
+                        "ray: Ray actors, on this node or across a Ray cluster (docs/multi-node.md)")
+    g.add_argument("--ray-collectives", choices=RAY_COLLECTIVES, default="auto",
+                   help="ray backend: auto: shared memory when every rank is on one node, gloo "
+                        "across nodes; gloo: always gloo")
+    g.add_argument("--ray-cpus-per-rank", type=_positive_int, default=None,
+                   help="ray backend: CPUs (and threads) per rank (default: this node's CPUs "
+                        "shared by the ranks); more than fit on this node spreads the ranks "
+                        "over the cluster's nodes")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
     g.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
@@ -338,6 +353,17 @@ def _cpu_kv_cache_space(parser, environ: Mapping[str, str], device: str) -> int 
     return gib * 1024**3 if gib > 0 and _runs_on_cpu(device) else None
 
 
+def _test_fault_step(parser, environ: Mapping[str, str]) -> int | None:
+    """$PYSERVE_TEST_FAULT_STEP (tests only): the model step at which the engine raises an
+    injected fault (engine/faults.py); unset: none."""
+    raw = environ.get(ENV_PREFIX + "TEST_FAULT_STEP", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        parser.error(f"{ENV_PREFIX}TEST_FAULT_STEP: must be a step number from 1, got '{raw}'")
+    return int(raw)
+
+
 def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
                 prog: str = "python -m pyserve") -> ServeArgs:
     """Flags and environment -> a validated ServeArgs; exits with status 2 on a bad value."""
@@ -366,6 +392,7 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
         del args["override_generation_config"]
     if args["kv_cache_memory"] is None:
         args["kv_cache_memory"] = _cpu_kv_cache_space(parser, environ, args["device"])
+    args["test_fault_step"] = _test_fault_step(parser, environ)
     try:
         config = Config.from_flat(**args)
     except ConfigError as exc:

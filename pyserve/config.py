@@ -38,7 +38,7 @@ class ModelConfig:
     load_format: str = "auto"
     max_logprobs: int = 20
     download_dir: str = field(default_factory=default_download_dir)
-    # GGUF Q4_1 / Q8_0 weights on the CPU: float32 activations (bitwise the float32 model's
+    # GGUF weights kept quantized on the CPU: float32 activations (bitwise the float32 model's
     # output) or int8 ones with integer dot products, as llama.cpp computes them (faster, not
     # bitwise)
     gguf_activations: str = "float32"
@@ -68,9 +68,10 @@ DEFAULT_SPEC_BATCH_LIMIT = 4
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's --speculative-config, method "ngram" (prompt lookup): up to
-    num_speculative_tokens proposed a step, after the longest recurring suffix of
-    prompt_lookup_min to prompt_lookup_max tokens."""
+    """vLLM's --speculative-config: up to num_speculative_tokens proposed a step, by method
+    "ngram" (prompt lookup: after the longest recurring suffix of prompt_lookup_min to
+    prompt_lookup_max tokens) or "draft_model" (a smaller model with the same vocabulary,
+    `model`: a directory or .gguf, run greedily for the proposals)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -78,6 +79,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     # vLLM's key: no proposals while more requests than this run (None: at any batch size)
     disable_by_batch_size: int | None = DEFAULT_SPEC_BATCH_LIMIT
+    model: str | None = None  # draft_model: the draft's directory or .gguf file
 
     @staticmethod
     def from_json(value) -> "SpeculativeConfig":
@@ -89,14 +91,28 @@ class SpeculativeConfig:
                 raise ConfigError(f"--speculative-config: not JSON ({exc})") from None
         if not isinstance(value, dict):
             raise ConfigError("--speculative-config must be a JSON object")
-        method = value.get("method", "ngram")
-        if method != "ngram":
+        # vLLM: a "model" without a method is a draft model ("draft_model"; older vLLM
+        # spelled it "draft")
+        method = value.get("method", "draft_model" if value.get("model") else "ngram")
+        if method == "draft":
+            method = "draft_model"
+        if method not in ("ngram", "draft_model"):
             raise ConfigError(f"--speculative-config: method {method!r} is not implemented; "
-                              "pyserve speculates with \"ngram\" (prompt lookup) only")
+                              "pyserve speculates with \"ngram\" (prompt lookup) and "
+                              "\"draft_model\"")
         known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+        if method == "draft_model":
+            known -= {"prompt_lookup_max", "prompt_lookup_min"}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ConfigError(f"--speculative-config: unsupported key(s) {', '.join(unknown)}")
+            raise ConfigError(f"--speculative-config: unsupported key(s) {', '.join(unknown)} "
+                              f"for method {method!r}")
+        draft = value.get("model")
+        if method == "draft_model" and (not isinstance(draft, str) or not draft):
+            raise ConfigError("--speculative-config: method \"draft_model\" needs \"model\", "
+                              "the draft model's directory or .gguf file")
+        if method == "ngram" and draft is not None:
+            raise ConfigError("--speculative-config: \"model\" is for method \"draft_model\"")
         k = value.get("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
             raise ConfigError("--speculative-config: num_speculative_tokens must be 1 to 16")
@@ -107,7 +123,7 @@ class SpeculativeConfig:
         limit = value.get("disable_by_batch_size", DEFAULT_SPEC_BATCH_LIMIT)
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise ConfigError("--speculative-config: disable_by_batch_size must be a positive integer")
-        return SpeculativeConfig(method, k, hi, lo, limit)
+        return SpeculativeConfig(method, k, hi, lo, limit, draft)
 
 
 @dataclass(frozen=True)
@@ -119,16 +135,31 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    # test-only: the model step (1-based) that raises an injected fault; set only from the
+    # environment ($PYSERVE_TEST_FAULT_STEP, read by the CLI), never by a flag. None: off
+    test_fault_step: int | None = None
 
 
-EXECUTOR_BACKENDS = ("mp", "uni")
+EXECUTOR_BACKENDS = ("mp", "uni", "ray")
+RAY_COLLECTIVES = ("auto", "gloo")  # --ray-collectives (executor/ray_collectives.py)
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    # vLLM's -pp: the layers split into this many stages, each on its own TP group (mp backend)
+    pipeline_parallel_size: int = 1
+    # micro-batches a step is cut into so that stages overlap (at most its sequences); 1: none,
+    # each step's stages run one after another (the default: no gain measured yet, see
+    # docs/serving.md)
+    pipeline_micro_batches: int = 1
     # None: "uni" at size 1, "mp" above it (vLLM's --distributed-executor-backend)
     distributed_executor_backend: str | None = None
+    # ray backend: "auto" reduces through shared memory when every rank is on one node, gloo
+    # when they span nodes; "gloo" always uses gloo (tests, or a measurement of it)
+    ray_collectives: str = "auto"
+    # ray backend: CPUs (and torch threads) per rank; None: this node's CPUs shared by the ranks
+    ray_cpus_per_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -286,8 +317,14 @@ def validate(config: Config) -> None:
     need(sizes is None or (len(sizes) > 0 and all(isinstance(n, int) and n > 0 for n in sizes)),
          "--cuda-graph-sizes", "must be positive integers")
     need(config.parallel.tensor_parallel_size >= 1, "--tensor-parallel-size", "must be at least 1")
+    need(config.parallel.pipeline_parallel_size >= 1, "--pipeline-parallel-size", "must be at least 1")
+    need(config.parallel.pipeline_micro_batches >= 1, "--pipeline-micro-batches", "must be at least 1")
     need(config.parallel.distributed_executor_backend in (None, *EXECUTOR_BACKENDS),
          "--distributed-executor-backend", f"must be one of {', '.join(EXECUTOR_BACKENDS)}")
+    need(config.parallel.ray_collectives in RAY_COLLECTIVES, "--ray-collectives",
+         f"must be one of {', '.join(RAY_COLLECTIVES)}")
+    need(config.parallel.ray_cpus_per_rank is None or config.parallel.ray_cpus_per_rank >= 1,
+         "--ray-cpus-per-rank", "must be at least 1")
     srv = config.server
     need(0 < srv.port < 65536, "--port", "must be in 1..65535")
     need(not (srv.allow_credentials and "*" in srv.allowed_origins), "--allow-credentials",

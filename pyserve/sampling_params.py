@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from pyserve.errors import InvalidRequest
@@ -41,6 +42,14 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -89,7 +98,13 @@ class SamplingParams:
             if not ok:
                 raise InvalidRequest(name, f"{name} {message}")
 
-        need(isinstance(self.n, int) and self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        need(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n",
+             f"must be at least 1, got {self.n}")
+        # NaN passes no comparison and infinities pass one-sided ones: refused by name first
+        for name in _FLOAT_FIELDS:
+            need(_finite(getattr(self, name)), name, f"must be a finite number, got {getattr(self, name)}")
+        need(all(_finite(b) for b in (self.logit_bias or {}).values()), "logit_bias",
+             "values must be finite numbers")
         need(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         need(self.top_k >= -1, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
@@ -151,6 +166,9 @@ class BeamSearchParams:
             raise InvalidRequest("n", f"the beam width (n) must be at least 1, got {self.beam_width}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidRequest("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+        for name in ("temperature", "length_penalty"):
+            if not _finite(getattr(self, name)):
+                raise InvalidRequest(name, f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0.0:
             raise InvalidRequest("temperature", f"temperature must be non-negative, got {self.temperature}")
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -18,6 +18,10 @@ from pyserve.arith import cdiv
 from pyserve.sampling_params import SamplingParams
 
 
+# what a draft position holds until the draft model has proposed its token
+DRAFT_PLACEHOLDER = 0
+
+
 @dataclass
 class SamplingInputs:
     """What the sampler needs of one request, for the row that yields its next token."""
@@ -63,6 +67,11 @@ class ScheduledSequence:
     draft_token_ids: list[int] = field(default_factory=list)
     draft_sampling: SamplingInputs | None = None  # a sampled request's (None: greedy)
     draft_logprobs: int | None = None  # the request's logprobs (alternatives per token)
+    # a draft model proposes (draft_token_ids are placeholders until it has): the request's
+    # tokens from position draft_context_start through its last known token, which the draft
+    # model computes before proposing (what its KV cache lacks of them); None: given drafts
+    draft_context: list[int] | None = None
+    draft_context_start: int = 0
 
     @property
     def num_new_tokens(self) -> int:

@@ -4,7 +4,7 @@ changing only the command name, or fails at once with the reason.
 - HONOURED: flags pyserve's own parser (cli.py) defines under vLLM's name and meaning, with
   where the value lands (an attribute path of cli.ServeArgs; None: what pyserve always does).
 - FOREIGN: flags with no use here. Each is accepted silently for the values that mean what
-  pyserve does anyway (`--kv-cache-dtype auto`, `-pp 1`), and otherwise either accepted with a
+  pyserve does anyway (`--kv-cache-dtype auto`), and otherwise either accepted with a
   one-line warning (`warn`: nothing a client would notice changes) or refused with exit 2
   (`refuse`: pyserve would serve something other than what was asked for).
 
@@ -42,6 +42,7 @@ HONOURED: dict[str, str | None] = {
     "--scheduling-policy": "config.scheduler.scheduling_policy",
     "--disable-log-stats": "config.scheduler.log_stats_interval",
     "--tensor-parallel-size": "config.parallel.tensor_parallel_size",
+    "--pipeline-parallel-size": "config.parallel.pipeline_parallel_size",
     "--distributed-executor-backend": "config.parallel.distributed_executor_backend",
     "--device": "config.device.device",
     "--enforce-eager": "config.device.enforce_eager",
@@ -114,8 +115,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "caches are not implemented", refuse=True, fine=("auto",)),
     ForeignFlag(("--quantization", "-q"), "runs unquantized weights and GGUF Q4_1 / Q8_0 files "
                 "only (pass the .gguf as the model)", refuse=True, fine=("gguf",)),
-    ForeignFlag(("--pipeline-parallel-size", "-pp"), "has tensor parallelism only (-tp N), no "
-                "pipeline parallelism", refuse=True, type=int, fine=(1,)),
     ForeignFlag(("--data-parallel-size", "-dp"), "runs one engine per server; start one server "
                 "per replica behind a load balancer", refuse=True, type=int, fine=(1,)),
     ForeignFlag(("--api-server-count",), "runs one API server process", refuse=True, type=int,

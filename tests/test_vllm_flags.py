@@ -42,6 +42,7 @@ HONOURED_EXAMPLES = {
     "--scheduling-policy": (["--scheduling-policy", "priority"], "priority"),
     "--disable-log-stats": (["--disable-log-stats"], 0.0),
     "--tensor-parallel-size": (["-tp", "2"], 2),
+    "--pipeline-parallel-size": (["-pp", "2"], 2),
     "--distributed-executor-backend": (["--distributed-executor-backend", "mp"], "mp"),
     "--device": (["--device", "cpu"], "cpu"),
     "--enforce-eager": (["--enforce-eager"], True),
@@ -93,8 +94,6 @@ FOREIGN_EXAMPLES = [
     (["--kv-cache-dtype", "fp8"], "refused"),
     (["--quantization", "gguf"], "honoured"),
     (["-q", "awq"], "refused"),
-    (["--pipeline-parallel-size", "1"], "honoured"),
-    (["-pp", "2"], "refused"),
     (["--data-parallel-size", "1"], "honoured"),
     (["-dp", "2"], "refused"),
     (["--api-server-count", "1"], "honoured"),
@@ -188,8 +187,8 @@ def test_foreign_flags_from_pyserve_variables_are_judged_the_same(capsys):
     args = parse_serve([], environ={"PYSERVE_TRUST_REMOTE_CODE": "1", "PYSERVE_KV_CACHE_DTYPE": "auto"})
     assert len(args.warnings) == 1 and "--trust-remote-code" in args.warnings[0]
     with pytest.raises(SystemExit):
-        parse_serve([], environ={"PYSERVE_PIPELINE_PARALLEL_SIZE": "2"})
-    assert "pyserve does not support --pipeline-parallel-size 2: it " in capsys.readouterr().err
+        parse_serve([], environ={"PYSERVE_DATA_PARALLEL_SIZE": "2"})
+    assert "pyserve does not support --data-parallel-size 2: it " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,named", [

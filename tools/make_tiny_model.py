@@ -77,12 +77,18 @@ def make_tokenizer(out: Path) -> None:
 
 
 def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = False,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, num_layers: int | None = None) -> Path:
+    """num_layers: num_hidden_layers instead of the architecture's own (not for gemma3-mm)."""
     import torch
     import transformers
 
     out = Path(out_dir)
     config_cls, overrides = ARCHES[arch]
+    if num_layers is not None:
+        overrides = {**overrides, "num_hidden_layers": num_layers}
+        if "layer_types" in overrides:  # Gemma 3's pattern, repeated to the new length
+            pattern = overrides["layer_types"]
+            overrides["layer_types"] = [pattern[i % len(pattern)] for i in range(num_layers)]
     torch.manual_seed(seed)
     if config_cls == "Gemma3Config":
         text = transformers.Gemma3TextConfig(**{**_BASE, **ARCHES["gemma3"][1]})

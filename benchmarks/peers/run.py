@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multiplies each workload's prompt count (at least 1); 0.25: a smoke run")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
                    help="model directory every server loads (llama-server: the GGUFs made from it)")
+    p.add_argument("--gguf", type=Path, default=None,
+                   help="also offer pyserve-gguf and llamacpp-gguf on this file (its conversion "
+                        "replaces --model), e.g. Gemma 3: python tools/fetch_gemma3_gguf.py")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/peers/results",
                    help="folder for results.json, chart.png and logs/")
     p.add_argument("--llama-threads", type=int, default=DEFAULT_LLAMA_THREADS,
@@ -199,7 +202,13 @@ def draw_chart(results_path: Path, chart_path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    specs = server_specs(args.model, args.llama_threads)
+    if args.gguf is not None:  # the client's tokenizer and the ceilings read its conversion
+        from pyserve.config import ModelConfig
+        from pyserve.model.source import resolve_model
+
+        args.gguf = args.gguf.resolve()
+        args.model = resolve_model(ModelConfig(model=str(args.gguf))).path
+    specs = server_specs(args.model, args.llama_threads, args.gguf)
     servers = _names(args.servers, list(specs), "--servers")
     workloads = [WORKLOADS[n] for n in _names(args.workloads, list(WORKLOADS), "--workloads")]
     if not 1 <= args.repeats <= 1000 or args.num_prompts_scale <= 0:  # 1000: seeds per workload

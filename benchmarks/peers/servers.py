@@ -47,9 +47,10 @@ class ServerSpec:
     workloads: tuple[str, ...] | None = None  # None: every workload asked for
 
 
-def server_specs(model_dir: Path,
-                 llama_threads: int = DEFAULT_LLAMA_THREADS) -> dict[str, ServerSpec]:
-    """Every server by name, each serving the same model (SmolLM2 by default)."""
+def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
+                 gguf: Path | None = None) -> dict[str, ServerSpec]:
+    """Every server by name, each serving the same model (SmolLM2 by default; gguf: also the
+    pyserve-gguf and llamacpp-gguf rows on that file, model_dir being its conversion)."""
     pyserve = [str(REPO / ".venv/bin/python"), "-m", "pyserve", "--model", str(model_dir),
                "--host", "127.0.0.1"]
     vllm = [str(VLLM_PYTHON), str(REPO / "benchmarks/peers/vllm_launcher.py"), "serve",
@@ -97,6 +98,17 @@ def server_specs(model_dir: Path,
                    f"safetensors, -np {LLAMA_SLOTS} -c {LLAMA_CTX} -t {llama_threads}",
                    llama(f32), needs=(LLAMA_SERVER, f32), install_hint=llama_hint),
     ]
+    if gguf is not None:  # e.g. Gemma 3 270M in Q4_K_M (tools/fetch_gemma3_gguf.py)
+        pyserve_gguf = pyserve[:pyserve.index("--model") + 1] + [str(gguf)] + pyserve[pyserve.index("--model") + 2:]
+        specs += [
+            ServerSpec("pyserve-gguf", f"pyserve --model {gguf.name}: the file's own quantized "
+                       "tensors where the CPU kernels read their type",
+                       lambda port: pyserve_gguf + ["--port", str(port)],
+                       needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)"),
+            ServerSpec("llamacpp-gguf", f"llama-server on {gguf.name}, -np {LLAMA_SLOTS} "
+                       f"-c {LLAMA_CTX} -t {llama_threads}", llama(gguf), needs=(LLAMA_SERVER, gguf),
+                       install_hint=llama_hint),
+        ]
     return {s.name: s for s in specs}
 
 

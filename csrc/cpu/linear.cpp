@@ -1,7 +1,9 @@
 // Linear layers on the CPU: out[M, N] = x[M, K] · w[N, K]ᵀ (+ bias), x and out float32, w in
-// one of four formats, all widened to float32 in registers with float32 accumulation:
+// one of these formats, all widened to float32 in registers with float32 accumulation:
 // float32, bfloat16 (half the bytes), and GGUF's Q4_1 and Q8_0 blocks (5 and 8.5 bits a
-// weight), kept as the file has them so that a GGUF model reads a sixth of float32's bytes.
+// weight), kept as the file has them so that a GGUF model reads a sixth of float32's bytes;
+// GGUF's Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks too, whose formats cpu/linear_kquant.h
+// describes (the kernels below take any format with a GroupReader).
 //
 // The weight is repacked once, at load, into panels of kPanel = 32 output columns laid out
 // k-major: the kernel then reads each panel as one contiguous stream and computes an
@@ -36,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/linear_kquant.h"
 #include "cpu/ops.h"
 #include "cpu/vec.h"
 
@@ -54,6 +57,7 @@ inline float half_at(const uint8_t* p) {
 template <typename W>
 struct FloatFormat {
   static constexpr bool kQuantized = false;
+  static constexpr int64_t kSuperK = kGroup;  // k per group of the packed tensor's dimension 1 (below)
   static constexpr int64_t kGroupBytes = kGroup * kPanel * sizeof(W);
   static int64_t panel_bytes(int64_t K) { return K * kPanel * sizeof(W); }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
@@ -63,6 +67,7 @@ struct FloatFormat {
 
 struct Q4_1Format {
   static constexpr bool kQuantized = true;
+  static constexpr int64_t kSuperK = kGroup;
   static constexpr int64_t kBlockBytes = 20;  // GGUF: d, m (float16), 16 bytes of nibbles
   static constexpr int64_t kGroupBytes = 64 + 64 + kGroup * 16;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
@@ -90,6 +95,7 @@ struct Q4_1Format {
 
 struct Q8_0Format {
   static constexpr bool kQuantized = true;
+  static constexpr int64_t kSuperK = kGroup;
   static constexpr int64_t kBlockBytes = 34;  // GGUF: d (float16), 32 int8
   static constexpr int64_t kGroupBytes = 64 + kGroup * 32;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
@@ -121,10 +127,17 @@ constexpr int64_t kPrefetchBytes = 2048;
 template <typename Format>
 struct GroupReader;
 
+// the formats of cpu/linear_kquant.h bring their own reader
+template <typename Format>
+  requires requires { typename Format::Reader; }
+struct GroupReader<Format> : Format::Reader {
+  using Format::Reader::Reader;
+};
+
 template <typename W>
 struct GroupReader<FloatFormat<W>> {
   const W* base;
-  GroupReader(const uint8_t* group) : base(reinterpret_cast<const W*>(group)) {}
+  GroupReader(const uint8_t* group, int = 0) : base(reinterpret_cast<const W*>(group)) {}
   void row(int64_t kk, vec* w) const {
     for (int v = 0; v < kVecs; ++v) w[v] = load(base + kk * kPanel + v * kLanes);
   }
@@ -134,7 +147,7 @@ template <>
 struct GroupReader<Q4_1Format> {
   vec d[kVecs], m[kVecs];
   const uint8_t* q;
-  GroupReader(const uint8_t* group) : q(group + 128) {
+  GroupReader(const uint8_t* group, int = 0) : q(group + 128) {
     for (int v = 0; v < kVecs; ++v) {
       d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
       m[v] = load(reinterpret_cast<const c10::Half*>(group + 64) + v * kLanes);
@@ -170,7 +183,7 @@ template <>
 struct GroupReader<Q8_0Format> {
   vec d[kVecs];
   const uint8_t* q;
-  GroupReader(const uint8_t* group) : q(group + 64) {
+  GroupReader(const uint8_t* group, int = 0) : q(group + 64) {
     for (int v = 0; v < kVecs; ++v) d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
   }
   template <int KK>
@@ -193,6 +206,18 @@ struct GroupReader<Q8_0Format> {
 #endif
   }
 };
+
+// Groups of a panel hold Format::kSuperK k (a K-quant's super-block of 256, else 32); kernels
+// walk them 32 k at a time. kSubBytes: a panel's bytes per 32 k, for prefetching ahead.
+template <typename Format>
+constexpr int64_t kSubBytes = Format::kGroupBytes * kGroup / Format::kSuperK;
+
+// the reader of 32 k number g of a panel
+template <typename Format>
+inline GroupReader<Format> reader_at(const uint8_t* panel, int64_t g) {
+  constexpr int64_t kSubs = Format::kSuperK / kGroup;
+  return GroupReader<Format>(panel + g / kSubs * Format::kGroupBytes, static_cast<int>(g % kSubs));
+}
 
 template <typename F, int... KK>
 [[gnu::always_inline]] inline void for_each_k(F&& f, std::integer_sequence<int, KK...>) {
@@ -223,15 +248,14 @@ template <typename Format, typename F>
 template <int MR, typename Format>
 inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, float* out,
                  int64_t ldo, int64_t cols, const float* bias) {
-  constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
-  constexpr int64_t kLines = Format::kGroupBytes / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
+  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  constexpr int64_t kLines = kBytes / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
   vec acc[MR][kVecs];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kVecs; ++v) acc[m][v] = zero();
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
-    const uint8_t* group = panel + k0 / kGroup * Format::kGroupBytes;
-    const char* ahead = reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes);
-    const GroupReader<Format> reader(group);
+    const char* ahead = reinterpret_cast<const char*>(panel + (k0 / kGroup + kAhead) * kBytes);
+    const GroupReader<Format> reader = reader_at<Format>(panel, k0 / kGroup);
     for_each_row(reader, std::min(kGroup, K - k0), [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
       // the lines of the group kAhead ahead, spread over this group's rows: a burst of them
       // at once overflows the core's miss buffers
@@ -286,12 +310,11 @@ inline void tile_accumulate_rows(int rows, std::integer_sequence<int, R...>, con
 // the whole panel for unpack_linear_weight.
 template <typename Format>
 void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float* dst) {
-  constexpr int64_t kAhead = (kPrefetchBytes + Format::kGroupBytes - 1) / Format::kGroupBytes;
+  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = panel + g * Format::kGroupBytes;
-    for (int64_t line = 0; line < Format::kGroupBytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * Format::kGroupBytes + line), _MM_HINT_T0);
-    const GroupReader<Format> reader(group);
+    for (int64_t line = 0; line < kBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
+    const GroupReader<Format> reader = reader_at<Format>(panel, g);
     float* const rows = dst + (g - g0) * kGroup * kPanel;
     for_each_row(reader, std::min(kGroup, K - g * kGroup), [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
       for (int v = 0; v < kVecs; ++v) store(rows + kk * kPanel + v * kLanes, w[v]);
@@ -398,24 +421,46 @@ inline void store_tile(const __m512 (&acc)[MR][2], float* out, int64_t ldo, int6
   }
 }
 
-// out[MR, 32] from MR quantized rows and one Q4_1 panel
-template <int MR>
+// A nibble format's 32 k number g of a panel as the int8 kernel reads it: its nibbles (in
+// Q4_1's order) and w = d·q + m per column. Q4_0 and the K-quants say so themselves
+// (cpu/linear_kquant.h: m = -8 d, or d = d·sc and m = -dmin·m of the 32 k's sub-block).
+template <typename Format>
+struct NibbleBlocks {
+  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return Format::int8_nibbles(panel, g); }
+  static void scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
+    Format::int8_scales(panel, g, d, m);
+  }
+};
+template <>
+struct NibbleBlocks<Q4_1Format> {
+  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return panel + g * Q4_1Format::kGroupBytes + 128; }
+  static void scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
+    const uint8_t* group = panel + g * Q4_1Format::kGroupBytes;
+    for (int h = 0; h < 2; ++h) {
+      d[h] = load(reinterpret_cast<const c10::Half*>(group) + h * 16);
+      m[h] = load(reinterpret_cast<const c10::Half*>(group + 64) + h * 16);
+    }
+  }
+};
+
+// out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K)
+template <int MR, typename Format>
 inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
                          float* out, int64_t ldo, int64_t cols, const float* bias) {
-  constexpr int64_t kBytes = Q4_1Format::kGroupBytes, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
   const int64_t groups = K / kGroup;
   const __m512i nibble = _mm512_set1_epi8(15);
   __m512 acc[MR][2];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* group = panel + g * kBytes;
-    for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * kBytes + line), _MM_HINT_T0);
+    const uint8_t* nibbles = NibbleBlocks<Format>::nibbles(panel, g);
+    for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
     __m512i dot[MR][2];
     for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
       __m512i w[2][2];  // [half][k 4j.. or 16 + 4j..]
       for (int h = 0; h < 2; ++h) {
-        const __m512i raw = _mm512_loadu_si512(group + 128 + h * 256 + j * 64);
+        const __m512i raw = _mm512_loadu_si512(nibbles + h * 256 + j * 64);
         w[h][0] = _mm512_and_si512(raw, nibble);
         w[h][1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
       }
@@ -432,10 +477,7 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
       }
     }
     __m512 d[2], mins[2];
-    for (int h = 0; h < 2; ++h) {
-      d[h] = load(reinterpret_cast<const c10::Half*>(group) + h * 16);
-      mins[h] = load(reinterpret_cast<const c10::Half*>(group + 64) + h * 16);
-    }
+    NibbleBlocks<Format>::scales(panel, g, d, mins);
     for (int m = 0; m < MR; ++m) {
       const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
       const __m512 sum = _mm512_set1_ps(scale_sum[(m * groups + g) * 2 + 1]);
@@ -498,10 +540,10 @@ template <typename Format, int... R>
 inline void tile_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
                            const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
                            int64_t ldo, int64_t cols, const float* bias) {
-  if constexpr (std::is_same_v<Format, Q4_1Format>)
-    ((rows == R + 1 ? tile_q4_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
-  else
+  if constexpr (std::is_same_v<Format, Q8_0Format>)
     ((rows == R + 1 ? tile_q8_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+  else
+    ((rows == R + 1 ? tile_q4_int8<R + 1, Format>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
 }
 
 template <typename Format>
@@ -580,10 +622,42 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   }
 }
 
-// kQ4_1Int8, kQ8_0Int8: panels stored as int8 (the bytes are the same), which marks a layer whose
-// activations are quantized to int8 for integer dot products (pack_gguf_weight's
-// int8_activations)
-enum class Kind { kFloat32, kBFloat16, kQ4_1, kQ8_0, kQ4_1Int8, kQ8_0Int8 };
+using kquant::Q4_0Format;
+using kquant::Q4_KFormat;
+using kquant::Q5_0Format;
+using kquant::Q5_KFormat;
+using kquant::Q6_KFormat;
+
+// A packed weight's format. GGUF block panels stored as int8 (the bytes are the same) mark a
+// layer whose activations are quantized to int8 for integer dot products (pack_gguf_weight's
+// int8_activations), for the formats that have that kernel (has_int8_kernel).
+enum class Kind { kFloat32, kBFloat16, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
+
+// Calls fn.template operator()<Format>() for the packed weight's format.
+template <typename Fn>
+void with_format(Kind kind, Fn&& fn) {
+  switch (kind) {
+    case Kind::kFloat32: fn.template operator()<FloatFormat<float>>(); break;
+    case Kind::kBFloat16: fn.template operator()<FloatFormat<c10::BFloat16>>(); break;
+    case Kind::kQ4_0: fn.template operator()<Q4_0Format>(); break;
+    case Kind::kQ4_1: fn.template operator()<Q4_1Format>(); break;
+    case Kind::kQ5_0: fn.template operator()<Q5_0Format>(); break;
+    case Kind::kQ8_0: fn.template operator()<Q8_0Format>(); break;
+    case Kind::kQ4_K: fn.template operator()<Q4_KFormat>(); break;
+    case Kind::kQ5_K: fn.template operator()<Q5_KFormat>(); break;
+    case Kind::kQ6_K: fn.template operator()<Q6_KFormat>(); break;
+  }
+}
+
+// GGUF's name of each block format
+constexpr std::pair<const char*, Kind> kBlockTypes[] = {
+    {"Q4_0", Kind::kQ4_0}, {"Q4_1", Kind::kQ4_1}, {"Q5_0", Kind::kQ5_0}, {"Q8_0", Kind::kQ8_0},
+    {"Q4_K", Kind::kQ4_K}, {"Q5_K", Kind::kQ5_K}, {"Q6_K", Kind::kQ6_K}};
+
+// the nibble formats and Q8_0, whose int8 kernel pays (cpu/ops.h)
+bool has_int8_kernel(Kind kind) {
+  return kind == Kind::kQ4_0 || kind == Kind::kQ4_1 || kind == Kind::kQ8_0 || kind == Kind::kQ4_K;
+}
 
 Kind kind_of(const at::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(),
@@ -592,12 +666,13 @@ Kind kind_of(const at::Tensor& packed) {
     case at::kFloat: return Kind::kFloat32;
     case at::kBFloat16: return Kind::kBFloat16;
     case at::kByte:
-      if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1;
-      if (packed.size(2) == Q8_0Format::kGroupBytes) return Kind::kQ8_0;
-      break;
     case at::kChar:
-      if (packed.size(2) == Q4_1Format::kGroupBytes) return Kind::kQ4_1Int8;
-      if (packed.size(2) == Q8_0Format::kGroupBytes) return Kind::kQ8_0Int8;
+      // each block format's group has its own size
+      for (const auto& [name, kind] : kBlockTypes) {
+        int64_t bytes = 0;
+        with_format(kind, [&]<typename Format>() { bytes = Format::kGroupBytes; });
+        if (packed.size(2) == bytes && (packed.scalar_type() == at::kByte || has_int8_kernel(kind))) return kind;
+      }
       break;
     default: break;
   }
@@ -605,22 +680,12 @@ Kind kind_of(const at::Tensor& packed) {
   return Kind::kFloat32;  // not reached
 }
 
-int64_t packed_k(const at::Tensor& packed) {
-  const bool blocks = packed.scalar_type() == at::kByte || packed.scalar_type() == at::kChar;
-  return blocks ? packed.size(1) * kGroup : packed.size(1);
-}
-
-// Calls fn.template operator()<Format>() for the packed weight's format.
-template <typename Fn>
-void with_format(Kind kind, Fn&& fn) {
-  switch (kind) {
-    case Kind::kFloat32: fn.template operator()<FloatFormat<float>>(); break;
-    case Kind::kBFloat16: fn.template operator()<FloatFormat<c10::BFloat16>>(); break;
-    case Kind::kQ4_1:
-    case Kind::kQ4_1Int8: fn.template operator()<Q4_1Format>(); break;
-    case Kind::kQ8_0:
-    case Kind::kQ8_0Int8: fn.template operator()<Q8_0Format>(); break;
-  }
+int64_t packed_k(Kind kind, const at::Tensor& packed) {
+  int64_t k = 0;
+  with_format(kind, [&]<typename Format>() {
+    k = Format::kQuantized ? packed.size(1) * Format::kSuperK : packed.size(1);
+  });
+  return k;
 }
 
 // Rows `ids` of the packed weight, as float32 [T, K] (an embedding lookup, or the whole
@@ -666,35 +731,41 @@ bool int8_dot_supported() {
 #endif
 }
 
+// GGUF blocks [N, K / kSuperK * kBlockBytes] -> panels [N / 32, K / kSuperK, kGroupBytes]
+template <typename Format>
+at::Tensor pack_blocks(const at::Tensor& b, int64_t K, const std::string& type) {
+  TORCH_CHECK(K > 0 && K % Format::kSuperK == 0, "pack_gguf_weight: K must be a multiple of ",
+              Format::kSuperK, " for ", type, ", got ", K);
+  const int64_t N = b.size(0), panels = (N + kPanel - 1) / kPanel, groups = K / Format::kSuperK;
+  TORCH_CHECK(b.size(1) == groups * Format::kBlockBytes, "pack_gguf_weight: ", type, " rows of ", K,
+              " weights take ", groups * Format::kBlockBytes, " bytes, got ", b.size(1));
+  at::Tensor packed = at::zeros({panels, groups, Format::kGroupBytes}, b.options());
+  const uint8_t* src = b.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t c = 0; c < kPanel && p * kPanel + c < N; ++c)
+        for (int64_t g = 0; g < groups; ++g)
+          Format::pack_block(src + (p * kPanel + c) * b.size(1) + g * Format::kBlockBytes,
+                             dst + (p * groups + g) * Format::kGroupBytes, c);
+  });
+  return packed;
+}
+
 at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type,
                             bool int8_activations) {
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.device().is_cpu(),
               "pack_gguf_weight: uint8 blocks [N, bytes per row] expected");
-  TORCH_CHECK(K > 0 && K % kGroup == 0, "pack_gguf_weight: K must be a multiple of 32, got ", K);
+  const auto* named = std::find_if(std::begin(kBlockTypes), std::end(kBlockTypes),
+                                   [&](const auto& entry) { return type == entry.first; });
+  TORCH_CHECK(named != std::end(kBlockTypes),
+              "pack_gguf_weight: type must be Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, got ", type);
   const at::Tensor b = blocks.contiguous();
-  const int64_t N = b.size(0), panels = (N + kPanel - 1) / kPanel, groups = K / kGroup;
   at::Tensor packed;
-  auto pack = [&]<typename Format>() {
-    TORCH_CHECK(b.size(1) == groups * Format::kBlockBytes, "pack_gguf_weight: ", type, " rows of ", K,
-                " weights take ", groups * Format::kBlockBytes, " bytes, got ", b.size(1));
-    packed = at::zeros({panels, groups, Format::kGroupBytes}, b.options());
-    const uint8_t* src = b.data_ptr<uint8_t>();
-    uint8_t* dst = packed.data_ptr<uint8_t>();
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t c = 0; c < kPanel && p * kPanel + c < N; ++c)
-          for (int64_t g = 0; g < groups; ++g)
-            Format::pack_block(src + (p * kPanel + c) * b.size(1) + g * Format::kBlockBytes,
-                               dst + (p * groups + g) * Format::kGroupBytes, c);
-    });
-  };
-  if (type == "Q4_1") {
-    pack.template operator()<Q4_1Format>();
-  } else {
-    TORCH_CHECK(type == "Q8_0", "pack_gguf_weight: type must be Q4_1 or Q8_0, got ", type);
-    pack.template operator()<Q8_0Format>();
-  }
-  if (int8_activations) packed = packed.view(at::kChar);
+  with_format(named->second, [&]<typename Format>() {
+    if constexpr (Format::kQuantized) packed = pack_blocks<Format>(b, K, type);
+  });
+  if (int8_activations && has_int8_kernel(named->second)) packed = packed.view(at::kChar);
   return packed;
 }
 
@@ -702,7 +773,7 @@ at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids) {
   const Kind kind = kind_of(packed);
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(),
               "packed_rows: ids must be a contiguous int64 vector");
-  const int64_t K = packed_k(packed), rows = packed.size(0) * kPanel, T = ids.size(0);
+  const int64_t K = packed_k(kind, packed), rows = packed.size(0) * kPanel, T = ids.size(0);
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(id[t] >= 0 && id[t] < rows, "packed_rows: id ", id[t], " outside [0, ", rows, ")");
@@ -717,7 +788,7 @@ at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N) {
   const Kind kind = kind_of(packed);
   TORCH_CHECK((N + kPanel - 1) / kPanel == packed.size(0),
               "unpack_linear_weight: N must fit the packed weight's panels");
-  const int64_t K = packed_k(packed);
+  const int64_t K = packed_k(kind, packed);
   at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
   with_format(kind, [&]<typename Format>() {
     const auto* src = static_cast<const uint8_t*>(packed.data_ptr());
@@ -750,7 +821,8 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
               "packed_linear: x and out must be float32");
   TORCH_CHECK(x.is_contiguous() && out.is_contiguous(), "packed_linear: tensors must be contiguous");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  TORCH_CHECK(packed_k(packed) == K, "packed_linear: x has ", K, " columns, the weight ", packed_k(packed));
+  TORCH_CHECK(packed_k(kind, packed) == K, "packed_linear: x has ", K, " columns, the weight ",
+              packed_k(kind, packed));
   TORCH_CHECK(out.size(0) == M && (N + kPanel - 1) / kPanel == packed.size(0),
               "packed_linear: out must be [M, N] with N within the packed weight's panels");
   const float* b = nullptr;
@@ -761,12 +833,13 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
   }
   if (M == 0 || N == 0) return;
 #ifdef PYSERVE_INT8_DOT
-  if (kind == Kind::kQ4_1Int8 || kind == Kind::kQ8_0Int8) {
+  if (packed.scalar_type() == at::kChar) {  // kind_of let through only has_int8_kernel's
     const auto* weight = static_cast<const uint8_t*>(packed.data_ptr());
-    if (kind == Kind::kQ4_1Int8)
-      int8_linear<Q4_1Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
-    else
-      int8_linear<Q8_0Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
+    with_format(kind, [&]<typename Format>() {
+      if constexpr (std::is_same_v<Format, Q4_0Format> || std::is_same_v<Format, Q4_1Format> ||
+                    std::is_same_v<Format, Q8_0Format> || std::is_same_v<Format, Q4_KFormat>)
+        int8_linear<Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
+    });
     return;
   }
 #endif

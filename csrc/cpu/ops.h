@@ -35,10 +35,12 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
                      int64_t window = 0, double softcap = 0.0);
 
-// Linear layers (csrc/cpu/linear.cpp describes the layouts). pack_linear_weight repacks
-// weight [N, K] (float32 or bfloat16) once into panels of 32 output columns, zero-padded;
-// pack_gguf_weight does the same for a GGUF tensor's raw Q4_1 or Q8_0 blocks [N, K / 32 *
-// block bytes]. packed_linear computes out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) from
+// Linear layers (csrc/cpu/linear.cpp and linear_kquant.h describe the layouts).
+// pack_linear_weight repacks weight [N, K] (float32 or bfloat16) once into panels of 32 output
+// columns, zero-padded; pack_gguf_weight does the same for a GGUF tensor's raw blocks [N, K /
+// block weights * block bytes] of type Q4_0, Q4_1, Q5_0, Q8_0 (blocks of 32 weights) or Q4_K,
+// Q5_K, Q6_K (super-blocks of 256: K a multiple of 256), dequantized in registers bitwise as
+// the gguf package dequantizes. packed_linear computes out[M, N] = x[M, K] · weight[N, K]ᵀ (+ bias[N]) from
 // either, x, out and bias float32, with float32 accumulation. unpack_linear_weight gives back
 // the float32 [N, K] weight (for the GEMM of steps with many rows); packed_rows the float32
 // rows ids (an embedding lookup).
@@ -46,7 +48,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 // dot products where the CPU has AVX-512 VNNI (int8_dot_supported()): 2 to 3 times the
 // float32 path's speed for SmolLM2's layers at 1 to 2,048 rows (benchmarks/linear.py), at
 // the cost of bitwise equality with the float32 model. The packed weight comes back as int8
-// to say so, and is otherwise the same.
+// to say so, and is otherwise the same. Only the types with that kernel (Q4_0, Q4_1, Q8_0,
+// Q4_K) are marked; Q5_0, Q5_K and Q6_K come back as uint8 and stay exact.
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type,
                             bool int8_activations = false);

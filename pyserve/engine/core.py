@@ -13,6 +13,7 @@ Start-up is resolved by executor/plan.py's resolve(config) without loading weigh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -21,6 +22,7 @@ import torch
 from pyserve.config import Config
 from pyserve.engine.admission import Admission, Limits, admit_pooling
 from pyserve.engine.books import engine_books
+from pyserve.engine.faults import StepFault
 from pyserve.engine.generation_defaults import load_generation_defaults
 from pyserve.engine.output import RequestOutput
 from pyserve.engine.output_processor import OutputProcessor
@@ -31,7 +33,7 @@ from pyserve.engine.scheduler import Scheduler
 from pyserve.engine.stats import EngineStats, now
 from pyserve.errors import InvalidRequest
 from pyserve.executor import executor_class
-from pyserve.executor.plan import resolve
+from pyserve.executor.plan import resolve, resolve_draft
 from pyserve.kv.manager import KVCacheManager
 from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import SamplingParams
@@ -67,8 +69,15 @@ class EngineCore:
         self.generation_defaults = load_generation_defaults(
             config.model.generation_config, plan.model_path, config.model.override_generation_config)
         torch.manual_seed(config.model.seed)
+        draft = resolve_draft(plan)  # before the target loads: a bad draft fails fast
         self.executor = executor_class(config.parallel)(plan.shard)
         num_blocks = self.executor.num_blocks
+        if draft is not None:
+            t_draft = time.perf_counter()
+            self.executor.attach_draft_model(dataclasses.replace(draft, num_blocks=num_blocks))
+            logger.info("draft model %s (%s, %d layers) loaded in %.2fs, its KV cache beside the "
+                        "target's (%d blocks)", draft.path, draft.arch.architecture,
+                        draft.arch.num_layers, time.perf_counter() - t_draft, num_blocks)
         tp = config.parallel.tensor_parallel_size
         logger.info("loaded %s (%s, %s, %s) in %.2fs; executor: %s, tensor-parallel size %d",
                     plan.architecture, plan.model_path, plan.weights, self.device,
@@ -83,9 +92,10 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         spec = config.scheduler.speculative_config
         if spec is not None:
-            logger.info("speculative decoding: %s, up to %d draft tokens a step (lookup %d-%d "
-                        "tokens)%s", spec.method, spec.num_speculative_tokens,
-                        spec.prompt_lookup_min, spec.prompt_lookup_max,
+            logger.info("speculative decoding: %s, up to %d draft tokens a step%s%s", spec.method,
+                        spec.num_speculative_tokens,
+                        f" (lookup {spec.prompt_lookup_min}-{spec.prompt_lookup_max} tokens)"
+                        if spec.method == "ngram" else f" from {spec.model}",
                         "" if spec.disable_by_batch_size is None else
                         f", none while more than {spec.disable_by_batch_size} requests run "
                         "(disable_by_batch_size)")
@@ -100,6 +110,10 @@ class EngineCore:
                 self.tokenizer, config.server.reasoning_parser))
         self.stats = EngineStats(self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.stats)
+        fault_step = config.scheduler.test_fault_step
+        self.fault = None if fault_step is None else StepFault(fault_step)  # tests only
+        if self.fault is not None:
+            logger.warning("test fault injection is on: model step %d will fail", fault_step)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -133,6 +147,10 @@ class EngineCore:
         carries the pooled tensor (engine/pooling.py)."""
         if request_id in self.requests:
             raise InvalidRequest(None, f"request_id '{request_id}' is already in use")
+        if self.config.parallel.pipeline_parallel_size > 1:
+            # the final hidden states stay on the last stage; only the logits come back
+            raise InvalidRequest(None, "embeddings (pooling) are not served under "
+                                 "--pipeline-parallel-size > 1")
         state = pooling_state(params, self.pooler, self.plan.hidden_size, self.is_encoder)
         group = admit_pooling(self.admission.limits, request_id, prompt_token_ids, state,
                               self.admission.next_arrival(), prompt, priority)
@@ -203,6 +221,8 @@ class EngineCore:
 
     def run(self, prepared) -> ModelRunnerOutput:
         """Forward and sampling; the one phase that may run off the caller's thread."""
+        if self.fault is not None:
+            self.fault.before_step()
         return self.executor.execute(prepared)
 
     @property
@@ -211,6 +231,8 @@ class EngineCore:
 
     def launch(self, prepared, notify_fd: int):
         """CUDA: queues the step; notify_fd (an eventfd) is written when it is done."""
+        if self.fault is not None:
+            self.fault.before_step()
         return self.executor.launch(prepared, notify_fd)
 
     def finish(self, launched) -> ModelRunnerOutput:

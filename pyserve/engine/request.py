@@ -58,6 +58,8 @@ class Request:
         self.lookahead: int | None = None
         self.lookahead_resume = 0
         self.lookahead_pauses = 0  # pauses since drafts were last kept
+        # a draft model's KV cache holds this request's first draft_synced positions
+        self.draft_synced = 0
         # a pooling (embedding) request: its PoolingState (engine/pooling.py); it never samples
         self.pooling = None
 

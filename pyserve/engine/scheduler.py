@@ -30,12 +30,12 @@ from pyserve.config import SchedulerConfig
 from pyserve.engine.ngram import PAUSE_TOKENS, next_lookahead, propose
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
-from pyserve.step import (PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
+from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
                           SchedulerOutput)
 
 
 def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int],
-                       drafts: list[int] | None = None) -> ScheduledSequence:
+                       drafts: list[int] | None = None, draft_model: bool = False) -> ScheduledSequence:
     """A request's share of a step, as plain data. It is sampled when the step computes its
     last known token (so it yields the next one); with drafts, they follow that token and
     the runner verifies them instead."""
@@ -47,7 +47,9 @@ def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[in
             request.request_id, request.all_token_ids[first:last] + drafts, first, block_ids,
             draft_token_ids=list(drafts), draft_sampling=None if params.greedy else SamplingInputs(
                 params, request.eos_token_ids, len(request.output_token_ids)),
-            draft_logprobs=params.logprobs)
+            draft_logprobs=params.logprobs,
+            draft_context=request.all_token_ids[request.draft_synced:last] if draft_model else None,
+            draft_context_start=request.draft_synced)
     if request.pooling is not None:  # pooled, never sampled
         return ScheduledSequence(request.request_id, request.all_token_ids[first:last], first,
                                  block_ids, pooling=PoolingInputs(
@@ -114,8 +116,11 @@ class Scheduler:
         a later step has sequences (the runner holds nothing that matters in between)."""
         self._drafts: dict[str, list[int]] = {}
         scheduled = self._schedule()
+        spec = self.config.speculative_config
+        draft_model = spec is not None and spec.method == "draft_model"
         sequences = [scheduled_sequence(r, n, self.kv.block_ids(r.request_id),
-                                        self._drafts.get(r.request_id)) for r, n in scheduled]
+                                        self._drafts.get(r.request_id), draft_model)
+                     for r, n in scheduled]
         finished = []
         if sequences:
             finished, self._finished_ids = self._finished_ids, []
@@ -202,7 +207,12 @@ class Scheduler:
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:
             return []
-        drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec.method == "draft_model":
+            if request.matcher is not None:
+                return []  # a grammar's draft masks are walked here, before the draft exists
+            drafts = [DRAFT_PLACEHOLDER] * room  # the draft model fills them in on the model thread
+        else:
+            drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
         if not drafts or not self.kv.allocate_slots(request.request_id,
                                                     request.num_computed_tokens + 1 + len(drafts)):
             return []
@@ -213,6 +223,9 @@ class Scheduler:
         spec = self.config.speculative_config
         k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
         request.lookahead = next_lookahead(k, drafted, kept, spec.num_speculative_tokens)
+        # the draft model's KV is right through the last token before the step and the kept
+        # drafts it computed (all but the last draft, which it proposed without computing)
+        request.draft_synced = request.num_computed_tokens - (1 if kept == drafted else 0)
         if kept:
             request.lookahead_pauses = 0
         if request.lookahead == 0:  # each pause in a row twice as long as the last
@@ -237,6 +250,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0
+        request.draft_synced = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1

@@ -24,6 +24,9 @@ class Executor:
     description = "executor"
     runner: ModelRunner  # rank 0's
     failure: str | None = None
+    # speculative decoding with a draft model (model/draft_model.py): proposes a step's
+    # drafts on rank 0 before the step reaches the other ranks
+    drafter = None
 
     @property
     def num_blocks(self) -> int:
@@ -38,6 +41,15 @@ class Executor:
         """CUDA: steps can be queued (launch) and awaited without a blocked thread (finish)."""
         return self.runner.device.type == "cuda" and _native.notify_when_done is not None
 
+    def attach_draft_model(self, spec) -> None:
+        """Loads the draft model (a ShardSpec from plan.resolve_draft, with the target's
+        block count) on rank 0, beside the target."""
+        from pyserve.executor.shard import build_model_runner
+        from pyserve.model.draft_model import DraftModelProposer
+        from pyserve.model.layers.parallel import SINGLE
+
+        self.drafter = DraftModelProposer(build_model_runner(spec, SINGLE))
+
     def _broadcast(self, inputs: ForwardInputs) -> None:
         """Hands the step's inputs to the other ranks, just before rank 0 runs it."""
 
@@ -50,6 +62,8 @@ class Executor:
 
     def execute(self, batch: PreparedBatch) -> ModelRunnerOutput:
         self._check_alive()
+        if self.drafter is not None:
+            self.drafter.propose(batch)
         self._broadcast(batch.inputs)
         return self.runner.run(batch)
 
@@ -57,6 +71,8 @@ class Executor:
         """Queues the step on the device; notify_fd (an eventfd) is written when it is done.
         May run off the caller's thread, like execute()."""
         self._check_alive()
+        if self.drafter is not None:
+            self.drafter.propose(batch)
         self._broadcast(batch.inputs)
         device = self.runner.device
         index = device.index if device.index is not None else torch.cuda.current_device()

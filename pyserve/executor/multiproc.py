@@ -9,7 +9,12 @@ so any collective in flight on rank 0 raises at once instead of hanging, and the
 callback tells the engine. Shutdown aborts the communicator too, which ends the workers'
 wait for the next step; stragglers are terminated, so no rank outlives the server. The
 shared-memory segment's name is unlinked as soon as every rank has attached, so nothing is
-left in /dev/shm however the processes end."""
+left in /dev/shm however the processes end.
+
+Pipeline parallelism (ShardSpec.pipeline_parallel_size > 1): TP * PP ranks, rank = stage * TP
++ tp_rank; the step broadcast still reaches every rank, while each stage's all-reduces, the
+hops between stages and the logits back to rank 0 go through segments of their own
+(pipeline.py), every one of which the watchdog and shutdown abort."""
 
 from __future__ import annotations
 
@@ -27,12 +32,14 @@ import torch
 
 from pyserve import _native
 from pyserve.executor.base import Executor
+from pyserve.executor.pipeline import PipelineLayout, create_segments
 from pyserve.executor.shard import ShardSpec, build_model_runner
 from pyserve.executor.step_channel import StepChannel
 from pyserve.executor.worker import WorkerArgs, worker_main
-from pyserve.errors import ModelLoadError
-from pyserve.model.layers.parallel import TPGroup
-from pyserve.model.runner import ForwardInputs
+from pyserve.errors import InvalidRequest, ModelLoadError
+from pyserve.model.layers.parallel import TPGroup, pipeline_stage
+from pyserve.model.runner import ForwardInputs, PreparedBatch
+from pyserve.step import SchedulerOutput
 
 logger = logging.getLogger("pyserve")
 
@@ -70,7 +77,8 @@ class MultiprocExecutor(Executor):
 
     def __init__(self, spec: ShardSpec):
         refuse_in_bootstrapping_child()
-        size = spec.tensor_parallel_size
+        size, tp_size = spec.world_size, spec.tensor_parallel_size
+        self.pipelined = spec.pipeline_parallel_size > 1
         if spec.device == "cuda" and not _native.built_with_nccl():
             raise ModelLoadError("this build of pyserve._C has no NCCL: tensor parallelism on CUDA "
                                  "needs NCCL at build time")
@@ -84,10 +92,17 @@ class MultiprocExecutor(Executor):
         name = f"/pyserve-tp-{os.getpid()}-{secrets.token_hex(6)}"
         slot = slot_bytes(spec)
         self.comm = _native.ShmCommunicator(name, 0, size, slot, create=True)
+        self.comms = [self.comm]  # every segment: the watchdog and shutdown abort them all
+        layout = links = None
+        if self.pipelined:  # created before any worker starts, so that each can attach
+            layout = PipelineLayout(tp_size, spec.pipeline_parallel_size, name, slot)
+            links = create_segments(layout)
+            self.comms += links.comms
         nccl_id = _native.nccl_unique_id() if spec.device == "cuda" else None
         ctx = mp.get_context("spawn")
         self.workers = [ctx.Process(target=worker_main, name=f"pyserve-tp-rank{rank}", daemon=True,
-                                    args=(WorkerArgs(spec, rank, name, slot, threads, nccl_id),))
+                                    args=(WorkerArgs(spec, rank, name, slot, threads, nccl_id,
+                                                     layout),))
                         for rank in range(1, size)]
         for process in self.workers:
             process.start()
@@ -96,25 +111,42 @@ class MultiprocExecutor(Executor):
         self._watchdog.start()
         # also runs if this executor is garbage-collected, and at interpreter exit
         self._finalizer = weakref.finalize(self, _stop_workers, self._stopping, self._wake_w,
-                                           self.comm, self.workers)
+                                           self.comms, self.workers)
         try:
             self.comm.barrier()  # every rank attached
-            self.comm.unlink()
-            model_comm = self.comm
-            if spec.device == "cuda":
-                torch.cuda.set_device(0)
-                model_comm = _native.NcclCommunicator(nccl_id, 0, size)
-            self.runner = build_model_runner(spec, TPGroup(0, size, model_comm))
+            for comm in self.comms:
+                comm.unlink()
+            if self.pipelined:  # CPU only (plan.py): the stage's own all-reduce segment
+                stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, 0)
+                tp = TPGroup(0, tp_size, links.tp_comm)
+                self.runner = build_model_runner(spec, tp, stage, links)
+            else:
+                model_comm = self.comm
+                if spec.device == "cuda":
+                    torch.cuda.set_device(0)
+                    model_comm = _native.NcclCommunicator(nccl_id, 0, size)
+                self.runner = build_model_runner(spec, TPGroup(0, size, model_comm))
             self.comm.barrier()  # every rank loaded
         except Exception as exc:
             self.shutdown()
-            error = ModelLoadError(f"tensor-parallel start-up failed: {self.failure or exc}")
+            kind = "pipeline-parallel" if self.pipelined else "tensor-parallel"
+            error = ModelLoadError(f"{kind} start-up failed: {self.failure or exc}")
             if self.failure == UNGUARDED_SCRIPT:
                 raise error from None  # the cause is the script, not the communicator's abort
             raise error from exc
         self.channel = StepChannel(self.comm)
-        logger.info("tensor parallel: %d ranks (rank 0 pid %d, workers %s), %d thread(s) each",
+        logger.info("%s: %d ranks (rank 0 pid %d, workers %s), %d thread(s) each",
+                    f"pipeline parallel ({spec.pipeline_parallel_size} stages of {tp_size} ranks)"
+                    if self.pipelined else "tensor parallel",
                     size, os.getpid(), ", ".join(str(p.pid) for p in self.workers), threads)
+
+    def prepare(self, step: SchedulerOutput) -> PreparedBatch:
+        batch = super().prepare(step)
+        if self.pipelined and batch.pooling:
+            # the final hidden states stay on the last stage; only the logits come back
+            raise InvalidRequest(None, "embeddings from a decoder are not served under "
+                                 "--pipeline-parallel-size > 1")
+        return batch
 
     @property
     def rank_pids(self) -> list[int]:
@@ -139,13 +171,14 @@ class MultiprocExecutor(Executor):
             return
         process = dead[0]
         process.join(0.5)  # the sentinel can fire just before the exit status exists
-        self.failure = (f"tensor-parallel worker {process.name} (pid {process.pid}) exited with "
-                        f"code {process.exitcode}")
+        self.failure = (f"{'pipeline' if self.pipelined else 'tensor'}-parallel worker "
+                        f"{process.name} (pid {process.pid}) exited with code {process.exitcode}")
         if process.exitcode == WORKER_BOOTSTRAP_EXIT:
             self.failure = UNGUARDED_SCRIPT  # start-up raises it
         else:
             logger.error("%s; the engine cannot continue", self.failure)
-        self.comm.abort()
+        for comm in self.comms:
+            comm.abort()
         for callback in self._callbacks:
             callback(self.failure)
 
@@ -153,13 +186,14 @@ class MultiprocExecutor(Executor):
         self._finalizer()  # runs once
 
 
-def _stop_workers(stopping: threading.Event, wake_watchdog, comm, workers: list,
+def _stop_workers(stopping: threading.Event, wake_watchdog, comms: list, workers: list,
                   timeout: float = 5.0) -> None:
     """Ends the workers: the abort wakes them from their wait for the next step."""
     stopping.set()
     wake_watchdog.send_bytes(b"x")
-    comm.abort()
-    comm.unlink()
+    for comm in comms:
+        comm.abort()
+        comm.unlink()
     deadline = time.monotonic() + timeout
     for process in workers:
         process.join(max(0.0, deadline - time.monotonic()))

@@ -17,7 +17,8 @@ import torch
 from pyserve import _native
 from pyserve.config import Config, SchedulerConfig
 from pyserve.errors import ModelLoadError
-from pyserve.executor.shard import ShardSpec, check_tensor_parallel
+from pyserve.executor.shard import (ShardSpec, check_pipeline_parallel, check_tensor_parallel,
+                                    largest_stage_layers)
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
 from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
@@ -174,6 +175,9 @@ def resolve(config: Config) -> EnginePlan:
         raise ModelLoadError(f"{arch.architecture} is an encoder: pyserve runs it on one rank "
                              "(--tensor-parallel-size 1)")
     check_tensor_parallel(arch, tp)
+    pp = config.parallel.pipeline_parallel_size
+    if pp > 1:
+        check_pipeline_setup(arch, pp, encoder, device, config.parallel.distributed_executor_backend)
     if device.type == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES and not encoder:
         raise ModelLoadError(f"head_dim {arch.head_dim} is not supported on CUDA (the attention "
                              f"kernel has head sizes {', '.join(map(str, CUDA_HEAD_SIZES))}); "
@@ -184,7 +188,9 @@ def resolve(config: Config) -> EnginePlan:
         per_block = 0
         num_blocks = cdiv(sched.max_num_batched_tokens, block_size) + sched.max_num_seqs
     else:
-        per_block = KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp),
+        # a rank holds its stage's layers: the largest stage's bound the bytes per block
+        per_block = KVLayout(largest_stage_layers(arch.num_layers, pp),
+                             kv_heads_per_rank(arch.num_kv_heads, tp),
                              arch.head_dim, dtype).bytes_per_block(block_size)
         num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len)
     graph_sizes = ()
@@ -201,12 +207,59 @@ def resolve(config: Config) -> EnginePlan:
     shard = ShardSpec(arch, source.path, config.model.load_format, dtype, device.type,
                       max_model_len, config.model.seed, block_size, num_blocks, tp, weight_dtype,
                       source.gguf_path, config.cache.gpu_memory_utilization,
-                      sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder)
+                      sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder,
+                      pipeline_parallel_size=pp,
+                      pipeline_micro_batches=config.parallel.pipeline_micro_batches)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,
                       _eos_ids(arch, source.path, config.model.generation_config), block_size,
                       per_block, num_blocks, order, weights, shard, pooler, encoder, arch.hidden_size)
+
+
+def resolve_draft(plan: EnginePlan) -> ShardSpec | None:
+    """The draft model's shard (speculative method "draft_model"): loaded on rank 0 alone,
+    eager, with the target's dtype, block size and block count (its sibling KV cache; the
+    count is filled in once the target's is known). None without a draft model."""
+    spec = plan.config.scheduler.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    model_cfg = plan.config.model
+    source = resolve_model(dataclasses.replace(model_cfg, model=spec.model, tokenizer=None))
+    arch = source.arch
+    if is_encoder(arch.architecture):
+        raise ModelLoadError(f"--speculative-config: the draft model {spec.model} is an encoder "
+                             f"({arch.architecture}); it must generate")
+    if arch.vocab_size != plan.vocab_size:
+        raise ModelLoadError(
+            f"--speculative-config: the draft model's vocabulary ({arch.vocab_size} tokens, "
+            f"{spec.model}) differs from the target's ({plan.vocab_size}); a draft model must "
+            "share the target's tokenizer")
+    target = plan.shard
+    if target.device == "cuda" and arch.head_dim not in CUDA_HEAD_SIZES:
+        raise ModelLoadError(f"--speculative-config: the draft model's head_dim {arch.head_dim} "
+                             "is not supported on CUDA")
+    gguf_kept = source.gguf_path is not None and target.device == "cpu" and target.dtype == torch.float32
+    return dataclasses.replace(
+        target, arch=arch, path=source.path, gguf_path=source.gguf_path if gguf_kept else None,
+        tensor_parallel_size=1, pipeline_parallel_size=1, cuda_graph_sizes=(), encoder=False,
+        int8_activations=target.int8_activations and gguf_kept)
+
+
+def check_pipeline_setup(arch, pp: int, encoder: bool, device: torch.device,
+                         backend: str | None) -> None:
+    """Refuses, at start-up, a --pipeline-parallel-size above 1 that cannot run."""
+    if encoder:
+        raise ModelLoadError(f"{arch.architecture} is an encoder: pyserve runs it on one rank "
+                             "(--pipeline-parallel-size 1)")
+    if backend in ("uni", "ray"):
+        raise ModelLoadError(f"--distributed-executor-backend {backend} has no pipeline "
+                             "parallelism; use mp (the default) for --pipeline-parallel-size > 1")
+    if device.type == "cuda":
+        raise ModelLoadError("--pipeline-parallel-size > 1 runs on the CPU only for now (its "
+                             "stages hand activations on through host shared memory); use "
+                             "--device cpu, or --tensor-parallel-size on CUDA")
+    check_pipeline_parallel(arch, pp)
 
 
 def _cpu_num_blocks(config: Config, device: torch.device, per_block: int,

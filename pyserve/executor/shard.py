@@ -1,5 +1,6 @@
-"""What one tensor-parallel rank loads, and the loading itself: the same on rank 0 and in
-every worker process, so that all ranks hold matching shards and KV caches."""
+"""What one rank loads, and the loading itself: the same on rank 0 and in every worker
+process, so that all ranks hold matching shards and KV caches. Under pipeline parallelism a
+rank loads its stage's layers only, and holds KV caches for those layers only."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pyserve.kv.cache import KVLayout, allocate_kv_caches
 from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
-from pyserve.model.layers.parallel import TPGroup, kv_heads_per_rank
+from pyserve.model.layers.parallel import (WHOLE_MODEL, PipelineStage, TPGroup, kv_heads_per_rank,
+                                            stage_layer_counts)
 from pyserve.model.loader import load_model
 from pyserve.model.runner import ModelRunner
 from pyserve.step import dummy_lengths, dummy_step
@@ -44,6 +46,12 @@ class ShardSpec:
     cuda_graph_sizes: tuple[int, ...] = ()  # empty: eager only
     int8_activations: bool = False  # GGUF Q4_1 / Q8_0 layers quantize their input (--gguf-activations)
     encoder: bool = False  # an encoder (BERT): no KV cache; num_blocks only bounds a step's tokens
+    pipeline_parallel_size: int = 1  # stages; world size tensor_parallel_size * this
+    pipeline_micro_batches: int = 1  # at most this many per step, so that stages overlap
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:
@@ -63,20 +71,37 @@ def check_tensor_parallel(arch: ModelArch, size: int) -> None:
                              + ", ".join(problems) + "; choose a size that does")
 
 
+def check_pipeline_parallel(arch: ModelArch, size: int) -> None:
+    """Refuses, at start-up, more pipeline stages than the model has layers to give them."""
+    if size == 1:
+        return
+    counts = stage_layer_counts(arch.num_layers, size)
+    if min(counts) == 0:
+        raise ModelLoadError(
+            f"--pipeline-parallel-size {size} leaves a stage with no layers: the model has "
+            f"{arch.num_layers} decoder layers (split {counts}); use at most {arch.num_layers} stages")
+
+
 def rank_device(spec: ShardSpec, rank: int) -> torch.device:
     return torch.device("cuda", rank) if spec.device == "cuda" else torch.device(spec.device)
 
 
-def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
+def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOLE_MODEL,
+                       links=None) -> ModelRunner:
+    """links: a pipeline stage's StageLinks (executor/pipeline.py); None for the whole model."""
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
-                       spec.int8_activations)
+                       spec.int8_activations, stage)
+    if links is not None:
+        from pyserve.executor.pipeline_stage import PipelineStageModel
+
+        model = PipelineStageModel(model, stage, links, spec.dtype, spec.pipeline_micro_batches)
     if spec.encoder:
         runner = ModelRunner(model, [], spec.block_size, device, spec.seed)
         runner.num_blocks = spec.num_blocks
         return runner
-    layout = kv_layout(spec, tp.size)
+    layout = kv_layout(spec, tp.size, stage)
     num_blocks = spec.num_blocks
     if num_blocks is None:
         num_blocks = _measured_num_blocks(model, spec, tp, device, layout)
@@ -90,10 +115,16 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup) -> ModelRunner:
     return runner
 
 
-def kv_layout(spec: ShardSpec, tp_size: int) -> KVLayout:
+def kv_layout(spec: ShardSpec, tp_size: int, stage: PipelineStage = WHOLE_MODEL) -> KVLayout:
+    """One rank's KV caches: its stage's layers, its share of the KV heads."""
     arch = spec.arch
-    return KVLayout(arch.num_layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim,
-                    spec.dtype)
+    layers = sum(stage.owns_layer(i) for i in range(arch.num_layers))
+    return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim, spec.dtype)
+
+
+def largest_stage_layers(num_layers: int, pp_size: int) -> int:
+    """The layers of the stage with the most: its KV cache bounds a rank's bytes per block."""
+    return max(stage_layer_counts(num_layers, pp_size))
 
 
 def max_blocks_per_seq(spec: ShardSpec) -> int:

@@ -10,12 +10,16 @@ Conversion writes into a temporary directory and renames it into place when comp
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from pyserve.arith import cdiv
 from pyserve.errors import ModelLoadError
+
+logger = logging.getLogger("pyserve")
 
 # GGUF architecture -> (HF architecture, HF model_type)
 _ARCHITECTURES = {
@@ -23,7 +27,10 @@ _ARCHITECTURES = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma2": ("Gemma2ForCausalLM", "gemma2"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
+_GEMMA = ("gemma2", "gemma3")
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -36,6 +43,14 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# Gemma's four norms per layer: its ffn_norm is the pre-feed-forward norm, and the norm that
+# follows attention has a name of its own
+_GEMMA_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -51,12 +66,15 @@ def _field(reader, key: str, default=None):
     return field.contents()
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, gguf_arch: str | None = None) -> str | None:
+    """The Hugging Face name of a GGUF tensor. Only norms' names depend on the architecture,
+    so readers of the quantized (2-D) tensors may leave gguf_arch out."""
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
+    table = _GEMMA_LAYER_TENSORS if gguf_arch in _GEMMA else _LAYER_TENSORS
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in table:
+        return f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
     return None  # e.g. rope_freqs: recomputed from the config
 
 
@@ -103,7 +121,9 @@ def _config(reader) -> tuple[dict, str]:
     if gguf_arch == "qwen2":
         cfg["attention_bias"] = True
     factor = get("rope.scaling.factor")
-    if factor is not None and get("rope.scaling.type") in ("llama3", None):
+    if gguf_arch in _GEMMA:
+        cfg.update(_gemma_config(reader, gguf_arch, cfg))
+    elif factor is not None and get("rope.scaling.type") in ("llama3", None):
         cfg["rope_scaling"] = {
             "rope_type": "llama3",
             "factor": float(factor),
@@ -114,6 +134,51 @@ def _config(reader) -> tuple[dict, str]:
     return cfg, gguf_arch
 
 
+def _gemma_config(reader, gguf_arch: str, cfg: dict) -> dict:
+    """Gemma's keys that the GGUF carries, and llama.cpp's rules for the ones it does not
+    (transformers fills those with its config defaults instead; they agree except for the
+    attention scale of a model whose head_dim is not 256)."""
+    def get(key, default=None):
+        return _field(reader, f"{gguf_arch}.{key}", default)
+
+    num_layers, head_dim = cfg["num_hidden_layers"], cfg["head_dim"]
+    gemma = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        # llama.cpp scales scores by head_dim ** -0.5, except in Gemma 3 27B (62 layers) and
+        # Gemma 2 27B (46 layers), whose checkpoints use hidden / heads
+        "query_pre_attn_scalar": (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                  if num_layers in (46, 62) else head_dim),
+        "sliding_window": int(get("attention.sliding_window", 4096)),
+        "sliding_window_pattern": int(get("attention.sliding_window_pattern",
+                                          2 if gguf_arch == "gemma2" else 6)),
+    }
+    if gguf_arch == "gemma2":
+        gemma["attn_logit_softcapping"] = float(get("attn_logit_softcapping", 50.0))
+        gemma["final_logit_softcapping"] = float(get("final_logit_softcapping", 30.0))
+    else:
+        gemma["rope_local_base_freq"] = 10_000.0  # llama.cpp's constant for the local layers
+        factor = get("rope.scaling.factor")
+        if factor is not None and get("rope.scaling.type", "linear") == "linear":
+            gemma["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    return gemma
+
+
+def _end_of_turn_ids(reader, gguf_arch: str) -> list[int]:
+    """Gemma's chat turns end with <end_of_turn>, which its GGUF does not name as an end of
+    generation token (llama.cpp finds it by its text; Hugging Face's generation_config.json
+    lists it beside <eos>)."""
+    if gguf_arch not in _GEMMA:
+        return []
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return []
+    for i, index in enumerate(field.data):
+        if bytes(field.parts[index]) == b"<end_of_turn>":
+            return [i]
+    return []
+
+
 def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
     # numpy (with gguf) only when a GGUF is read: the CUDA check machine may lack it
     import numpy as np
@@ -122,11 +187,13 @@ def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
 
     tensors = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, gguf_arch)
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)
+        if gguf_arch in _GEMMA and name.endswith("norm.weight"):
+            array = array - 1  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
         if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
             array = _unpermute_rotary(array, heads)
@@ -135,7 +202,7 @@ def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
 
 
 def _merged_groups(num_layers: int) -> list[list[str]]:
-    """Checkpoint tensors that share one of our parameters: they must share a block type."""
+    """Checkpoint tensors that share one of our parameters: all kept quantized, or none."""
     groups = []
     for i in range(num_layers):
         groups.append([f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv"])
@@ -145,7 +212,8 @@ def _merged_groups(num_layers: int) -> list[list[str]]:
 
 # GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_QUANT_TYPES = {3: "Q4_1", 8: "Q8_0"}  # ggml type ids the CPU kernel reads
+# ggml type ids the CPU kernel reads
+_QUANT_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[int, ...], int]]]:
@@ -206,41 +274,61 @@ def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[in
 
 
 def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
-    """HF name -> GGUFBlocks for the GGUF's tensors the CPU kernel reads quantized (Q4_1,
-    Q8_0): linear and embedding weights whose merged parameter is all one such type and whose
-    shards split inputs on whole blocks. Everything else loads from the converted float32
-    checkpoint."""
+    """HF name -> GGUFBlocks for the GGUF's tensors the CPU kernel reads quantized (Q4_0, Q4_1,
+    Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): linear and embedding weights whose merged parameter is all
+    one such type and whose shards split inputs on whole blocks. Everything else loads from the
+    converted float32 checkpoint. Logs how many tensors stay in which type."""
     import numpy as np
     import torch
 
-    from pyserve.model.layers.quantized import BLOCK, BLOCK_BYTES, GGUFBlocks
+    from pyserve.model.layers.quantized import BLOCK_BYTES, BLOCK_WEIGHTS, GGUFBlocks
 
     gguf_arch, index = _tensor_index(Path(gguf_path))
     # copy-on-write: a writable view of the file that the loaders copy from without a first
     # copy of their own (nothing writes to it)
     data = np.memmap(gguf_path, dtype=np.uint8, mode="c")
-    found = {}
+    found, file_types = {}, {}
     for tensor_name, ggml_type, dims, offset in index:
         name = _hf_name(tensor_name)
-        if name is None or ggml_type not in _QUANT_TYPES or len(dims) != 2 or dims[0] % BLOCK:
+        if name is None:
+            continue
+        file_types[name] = ggml_type
+        if ggml_type not in _QUANT_TYPES or len(dims) != 2 or dims[0] % BLOCK_WEIGHTS[_QUANT_TYPES[ggml_type]]:
             continue
         type_, (cols, rows) = _QUANT_TYPES[ggml_type], dims
-        row_bytes = cols // BLOCK * BLOCK_BYTES[type_]
+        row_bytes = cols // BLOCK_WEIGHTS[type_] * BLOCK_BYTES[type_]
         blocks = data[offset: offset + rows * row_bytes].reshape(rows, row_bytes)
         if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             blocks = _unpermute_rotary(blocks, arch.num_heads if "q_proj" in name else arch.num_kv_heads)
         found[name] = (type_, blocks, (rows, cols))
     for group in _merged_groups(arch.num_layers):
-        if len({found[n][0] if n in found else None for n in group}) != 1:
+        # a merged parameter stays quantized when every part does (each in its own type,
+        # layers/quantized.py GGUFParts), else it is all float32
+        if not all(n in found for n in group):
             for n in group:
                 found.pop(n, None)
     row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.")
     out = {}
     for name, (type_, blocks, shape) in found.items():
-        if any(p in name for p in row_parallel) and (shape[1] % tp_size or (shape[1] // tp_size) % BLOCK):
+        block = BLOCK_WEIGHTS[type_]
+        if any(p in name for p in row_parallel) and (shape[1] % tp_size or (shape[1] // tp_size) % block):
             continue
         out[name] = GGUFBlocks(type_, torch.from_numpy(np.ascontiguousarray(blocks)), shape)
+    _log_kept_types(out, file_types)
     return out
+
+
+def _log_kept_types(kept: dict, file_types: dict[str, int]) -> None:
+    from gguf import GGMLQuantizationType
+
+    def counts(types) -> str:
+        tally = Counter(types)
+        return ", ".join(f"{t} {n}" for t, n in sorted(tally.items())) or "none"
+
+    names = {t.value: t.name for t in GGMLQuantizationType}
+    widened = [names.get(t, f"type {t}") for n, t in file_types.items() if n not in kept]
+    logger.info("GGUF tensors kept quantized: %s; loaded as float32: %s",
+                counts(b.type for b in kept.values()), counts(widened))
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
@@ -262,6 +350,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg[k] is not None}
+        end_of_turn = _end_of_turn_ids(reader, gguf_arch)
+        if end_of_turn and cfg["eos_token_id"] is not None:
+            generation["eos_token_id"] = [cfg["eos_token_id"], *end_of_turn]
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(str(tmp))

@@ -1,9 +1,11 @@
 """Builds the model and fills its weights: safetensors (one file or a sharded index, read
-tensor by tensor through mmap), or random weights for --load-format dummy."""
+tensor by tensor through mmap), or random weights for --load-format dummy. A pipeline stage
+reads only its own layers' tensors (and the embedding, norm and head it holds)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import torch
 
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
-from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.registry import is_encoder, model_class
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,13 +107,26 @@ class CheckpointSlice:
         return self._slice[:]
 
 
-def iterate_safetensors(files: list[Path]) -> Iterator[tuple[str, CheckpointSlice]]:
+_LAYER_NUMBER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def stage_reads(name: str, stage: PipelineStage) -> bool:
+    """False for a decoder layer's tensor that another pipeline stage loads. (Embedding,
+    norm and head tensors a stage lacks are skipped by the model's load_weights, unread.)"""
+    match = _LAYER_NUMBER.search(name)
+    return match is None or stage.owns_layer(int(match.group(1)))
+
+
+def iterate_safetensors(files: list[Path], stage: PipelineStage = WHOLE_MODEL
+                        ) -> Iterator[tuple[str, CheckpointSlice]]:
+    """Lazily: a tensor's bytes are read only when its weight loader reads them."""
     from safetensors import safe_open
 
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                yield name, CheckpointSlice(f, name)
+                if stage_reads(name, stage):
+                    yield name, CheckpointSlice(f, name)
 
 
 def _fill_random(model: torch.nn.Module, seed: int) -> None:
@@ -126,8 +141,10 @@ def _fill_random(model: torch.nn.Module, seed: int) -> None:
 def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype,
                device: torch.device, max_positions: int, seed: int,
                tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
-               gguf_path: Path | None = None, int8_activations: bool = False) -> torch.nn.Module:
-    """gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
+               gguf_path: Path | None = None, int8_activations: bool = False,
+               stage: PipelineStage = WHOLE_MODEL) -> torch.nn.Module:
+    """stage: the pipeline stage this process runs (its layers only).
+    gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
     Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
     int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products."""
     quantized = {}
@@ -135,7 +152,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
         from pyserve.model.gguf import gguf_blocks
 
         quantized = gguf_blocks(gguf_path, arch, tp.size)
-    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, quantized)
+    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, quantized, stage)
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:
@@ -144,7 +161,8 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
 
 
 def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, device: torch.device,
-          max_positions: int, seed: int, tp: TPGroup, quantized: dict) -> torch.nn.Module:
+          max_positions: int, seed: int, tp: TPGroup, quantized: dict,
+          stage: PipelineStage) -> torch.nn.Module:
     cls = model_class(arch.architecture)
     with torch.device(device):
         if is_encoder(arch.architecture):  # its own shape, read from the same config.json
@@ -152,14 +170,14 @@ def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, dev
 
             model = cls(EncoderArch.from_hf_config(json.loads((path / "config.json").read_text())), dtype)
         else:
-            model = cls(arch, max_positions, dtype, tp)
+            model = cls(arch, max_positions, dtype, tp, stage)
     if load_format == "dummy":
         _fill_random(model, seed)
         return model.eval()
     files = safetensors_files(path)
     if not files:
         raise ModelLoadError(f"no safetensors weights in '{path}'")
-    weights = ((name, quantized.get(name, tensor)) for name, tensor in iterate_safetensors(files))
+    weights = ((name, quantized.get(name, tensor)) for name, tensor in iterate_safetensors(files, stage))
     loaded = model.load_weights(weights)
     missing = [n for n, _ in model.named_parameters() if n not in loaded]
     if missing:

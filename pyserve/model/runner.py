@@ -55,6 +55,19 @@ class ForwardInputs:
 
 
 @dataclass
+class DraftModelRequest:
+    """A sequence whose drafts a draft model proposes (model/draft_model.py) before the step
+    runs: what its KV cache lacks of the request's tokens, and where the drafts go."""
+
+    request_id: str
+    context: list[int]  # the request's tokens from context_start through its last known one
+    context_start: int
+    block_ids: list[int]
+    drafts_index: int  # into PreparedBatch.drafts
+    first_row: int  # of the drafts in inputs.input_ids
+
+
+@dataclass
 class PreparedBatch:
     inputs: ForwardInputs
     num_sampled: int  # logits rows [0, num_sampled) are sampled, in batch order
@@ -71,6 +84,7 @@ class PreparedBatch:
     # seeded sampled drafts: (index into drafts, the request's generator), rewound after the
     # step to have advanced once per token kept, as plain sampling advances it
     draft_seeded: list = field(default_factory=list)
+    draft_model: list[DraftModelRequest] = field(default_factory=list)
 
 
 @dataclass
@@ -120,7 +134,7 @@ class ModelRunner:
         input_ids, positions, slots, starts, seq_lens, sample_rows = [], [], [], [0], [], []
         prompt_lp, sampling, generators, pooling = [], [], [], []
         verify_rows, drafts, draft_sampled, draft_inputs, draft_generators = [], [], [], [], []
-        draft_seeded = []
+        draft_seeded, draft_model = [], []
         seqs = step.sequences
         tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
         for row, s in enumerate(seqs):
@@ -138,6 +152,10 @@ class ModelRunner:
                 end = starts[-1] + len(s.token_ids)
                 verify_rows.extend(range(end - len(s.draft_token_ids) - 1, end))
                 drafts.append(s.draft_token_ids)
+                if s.draft_context is not None:
+                    draft_model.append(DraftModelRequest(
+                        s.request_id, s.draft_context, s.draft_context_start, s.block_ids,
+                        len(drafts) - 1, end - len(s.draft_token_ids)))
                 if s.draft_sampling is not None:  # its rows are rejection-sampled
                     draft_sampled.append(len(drafts) - 1)
                     rows = len(s.draft_token_ids) + 1
@@ -177,7 +195,7 @@ class ModelRunner:
             max((s.draft_logprobs for s in seqs if s.draft_token_ids and s.draft_logprobs is not None),
                 default=-1),
             (step.draft_bitmask, step.draft_constrained_rows) if step.draft_bitmask is not None else None,
-            draft_seeded)
+            draft_seeded, draft_model)
 
     @torch.inference_mode()
     def execute_model(self, inputs: ForwardInputs) -> torch.Tensor | None:

@@ -26,6 +26,7 @@ from pyserve.server.auth import OPEN_PATHS, APIKeyCheck
 from pyserve.server.cors import CORS
 from pyserve.server.errors import (APIError, as_anthropic_error, error_body, error_response,
                                    is_anthropic_path)
+from pyserve.server.fd_limit import raise_open_file_limit
 from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
 from pyserve.server.load import ServerLoad
 from pyserve.server.router import Router, normalize_path
@@ -172,6 +173,11 @@ def _build_routes(state: ServerState, engine) -> Router:
         from pyserve.server.debug import books_handler
 
         router.add("GET", "/debug/books", books_handler(engine))
+    from pyserve.server.openapi import APIFacts, openapi_handler
+
+    facts = APIFacts(__version__, tuple(serving.names), engine.max_model_len, engine.vocab_size,
+                     bool(state.config.server.api_key))
+    router.add("GET", "/openapi.json", openapi_handler(router, facts))  # lists every route above
     return router
 
 
@@ -190,6 +196,7 @@ def _add_vllm_routes(state: ServerState, router: Router, serving) -> None:
 async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
+    raise_open_file_limit()  # a connection is a descriptor: thousands of streams need thousands
     step = lambda name, since: logger.info("start-up: %s in %.2fs", name, time.perf_counter() - since)
     try:
         sock = _bind(config.server.host, config.server.port)

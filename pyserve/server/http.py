@@ -19,7 +19,11 @@ with Transfer-Encoding, a repeated or non-decimal Content-Length, a repeated Tra
 whitespace before a header's colon, CR, LF or other control bytes in names and values, bare LF
 line ends, chunk sizes that are not hex or overflow 64 bits and chunk data not followed by CRLF.
 On top of it we refuse any Transfer-Encoding but the single coding `chunked`, and one on an
-HTTP/1.0 request (RFC 9112 6.1). A response header that would carry CR, LF or NUL is dropped."""
+HTTP/1.0 request (RFC 9112 6.1); a chunk size of 2^63 or more (llhttp takes up to 2^64 - 1,
+where parsers that hold sizes in a signed 64-bit integer disagree with it) is a 400 at once,
+and a chunk that would take the body past its limit a 413 at once, not when its bytes come
+(llhttp does not tell a chunk's size: chunked_feed.py reads it). A response header that would
+carry CR, LF or NUL is dropped."""
 
 from __future__ import annotations
 
@@ -34,8 +38,11 @@ from http import HTTPStatus
 import httptools
 import orjson
 
+from pyserve.server.chunked_feed import ChunkedFeed
+
 logger = logging.getLogger("pyserve.http")
 _MAX_PIPELINED = 16  # parsed requests waiting on one connection before reading pauses
+_MAX_CHUNK_SIZE = 2**63 - 1  # the largest a signed 64-bit size holds
 _LENIENCIES = ("lenient_headers", "lenient_chunked_length", "lenient_keep_alive",
                "lenient_transfer_encoding", "lenient_version", "lenient_data_after_close",
                "lenient_optional_lf_after_cr", "lenient_optional_cr_before_lf",
@@ -149,6 +156,7 @@ class HTTPProtocol(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         # strict is llhttp's default; said here so that no one turns a leniency on by accident
         self._parser.set_dangerous_leniencies(**{name: False for name in _LENIENCIES})
+        self._feeder = ChunkedFeed(self._parser)
         self._transport: asyncio.Transport | None = None
         self._flow = _FlowControl()
         self._queue: deque[Request] = deque()
@@ -190,9 +198,16 @@ class HTTPProtocol(asyncio.Protocol):
         if self._failed is not None:  # refused: nothing after it is read
             return
         try:
-            self._parser.feed_data(data)
+            self._feeder.feed(data, lambda: self._failed is not None or self._closing)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
+            # llhttp stops at an Upgrade (or CONNECT) request, whose message it has completed:
+            # that request is answered as plain HTTP (no protocol switch), once, and the
+            # connection then closes, since what follows it is not HTTP
+            self._transport.pause_reading()
+            if self._queue:
+                self._queue[-1].keep_alive = False
+            else:
+                self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
             if not self._closing and self._failed is None:
                 self._fail(400, f"malformed HTTP request: {exc}")
@@ -234,6 +249,7 @@ class HTTPProtocol(asyncio.Protocol):
                                 keep_alive=self._parser.should_keep_alive())
         if length or "transfer-encoding" in headers:
             self._arm_timer(self._limits.body_timeout_s, self._body_timed_out)
+        self._feeder.bulk_left, self._feeder.chunked = length, "transfer-encoding" in headers
         if headers.get("expect", "").lower() == "100-continue":
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -243,7 +259,20 @@ class HTTPProtocol(asyncio.Protocol):
             self._fail(413, f"request body over {self._limits.max_body_bytes} bytes")
             raise httptools.HttpParserError("body too large")
 
+    def on_chunk_header(self) -> None:
+        size = self._feeder.last_size()
+        if size is None:
+            return
+        if size > _MAX_CHUNK_SIZE:
+            self._fail(400, f"malformed HTTP request: chunk size {size:#x} is 2^63 or more")
+            raise httptools.HttpParserError("chunk size too large")
+        if len(self._body) + size > self._limits.max_body_bytes:
+            self._fail(413, f"request body over {self._limits.max_body_bytes} bytes")
+            raise httptools.HttpParserError("body too large")
+        self._feeder.bulk_left = size
+
     def on_message_complete(self) -> None:
+        self._feeder.chunked = False
         self._cancel_timer()
         self._in_message = False
         request, self._current = self._current, None
@@ -291,6 +320,9 @@ class HTTPProtocol(asyncio.Protocol):
         headers = [("content-type", response.content_type), ("cache-control", "no-cache"),
                    ("transfer-encoding", "chunked"), *response.headers]
         self._transport.write(_head(response.status, headers, keep_alive))
+        if request.method == "HEAD":  # the head alone, as for a plain response
+            await _close_iterator(response.chunks)
+            return keep_alive
         try:
             async for chunk in response.chunks:
                 if self._closing:

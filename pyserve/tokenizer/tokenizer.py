@@ -47,7 +47,8 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
     """Renders in transformers' sandboxed Jinja environment and tokenizes; the template writes
     the special tokens itself, so add_special_tokens (vLLM's chat default: off) adds them again."""
     if not (chat_template or getattr(tokenizer, "chat_template", None)):
-        raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
+        raise ValueError("this model's tokenizer has no chat template: start the server with "
+                         "--chat-template, or send a plain prompt to /v1/completions")
     if add_special_tokens:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                              tokenize=False, chat_template=chat_template,

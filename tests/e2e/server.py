@@ -1,8 +1,9 @@
 """Starts `python -m pyserve` as a subprocess on a free loopback port, for end-to-end tests.
 
-A server started with --enable-debug-endpoints has its books checked when it is stopped with
-SIGTERM (GET /debug/books, waiting briefly for idle: engine/books.py); the e2e conftest's
-autouse fixture fails the module if any of its servers' books did not balance."""
+Every server starts with --enable-debug-endpoints (unless check_books=False) and has its books
+checked when it is stopped with SIGTERM (GET /debug/books, waiting briefly for idle:
+engine/books.py); the e2e conftest's autouse fixture fails the module if any of its servers'
+books did not balance."""
 
 import json
 import os
@@ -54,9 +55,12 @@ BOOKS_CHECKED: list = []
 
 class ServerProcess:
     def __init__(self, *flags: str, timeout: float = 120.0, command: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, check_books: bool = True):
         """command: what comes before the flags (e.g. ("serve", MODEL)); env: variables added
-        to this process's."""
+        to this process's; check_books: add --enable-debug-endpoints, so that stop() checks
+        the books (False: a server that must not serve /debug/books)."""
+        if check_books and "--enable-debug-endpoints" not in flags:
+            flags = (*flags, "--enable-debug-endpoints")
         self.debug_endpoints = "--enable-debug-endpoints" in flags
         self.api_key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
         self.port = free_port()
@@ -117,3 +121,41 @@ def cmdline(pid: int) -> str:
             return f.read().replace("\0", " ")
     except OSError:
         return ""
+
+
+def health_status(url: str) -> int:
+    """GET /health's status code; -1 when nothing answers."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return -1
+
+
+def kill_rank_mid_stream(server: "ServerProcess", pid: int, model: str, prompt: str,
+                         health_within_s: float, exit_within_s: float) -> float:
+    """SIGKILLs another rank's process while a stream runs: the stream fails, /health turns
+    503 within health_within_s and the server exits 1 within exit_within_s. Returns the
+    seconds from the kill to the 503."""
+    import openai
+    import pytest
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=400, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))  # the request is running
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(openai.APIError):
+        for _ in stream:
+            pass
+    while health_status(server.url) == 200 and time.monotonic() - killed < health_within_s:
+        time.sleep(0.02)
+    took = time.monotonic() - killed
+    assert health_status(server.url) == 503, f"/health not 503 within {health_within_s}s of the kill"
+    assert server.proc.wait(exit_within_s) == 1  # the server exits rather than hang
+    return took

@@ -1,6 +1,6 @@
-"""A server with --speculative-config: greedy completions (streamed and not) equal the same
-requests decoded without speculation (the offline engine), and vLLM's spec_decode counters
-move on /metrics."""
+"""A server with --speculative-config (n-gram lookup, and a draft model: the default model
+drafting for itself): greedy completions (streamed and not) equal the same requests decoded
+without speculation (the offline engine), and vLLM's spec_decode counters move on /metrics."""
 
 import json
 import re
@@ -21,9 +21,11 @@ SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_looku
                    "prompt_lookup_min": 2})
 
 
-@pytest.fixture(scope="module")
-def server(default_model_dir):
-    srv = ServerProcess("--speculative-config", SPEC, "--max-model-len", "1024")
+@pytest.fixture(scope="module", params=["ngram", "draft_model"])
+def server(request, default_model_dir):
+    spec = SPEC if request.param == "ngram" else json.dumps(
+        {"method": "draft_model", "model": str(default_model_dir), "num_speculative_tokens": 3})
+    srv = ServerProcess("--speculative-config", spec, "--max-model-len", "1024")
     yield srv
     assert srv.stop() == 0
 

@@ -61,7 +61,12 @@ def test_no_proposals_beyond_the_batch_limit(pair):
 def test_the_config_is_vllms_json():
     assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2, None)
     assert SpeculativeConfig.from_json({"num_speculative_tokens": 2}).disable_by_batch_size == 4
-    for bad in ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
+    draft = SpeculativeConfig.from_json({"model": "/d", "num_speculative_tokens": 3})
+    assert (draft.method, draft.model, draft.num_speculative_tokens) == ("draft_model", "/d", 3)
+    for bad in ({"method": "eagle", "model": "x", "num_speculative_tokens": 2},
+                {"method": "draft_model", "num_speculative_tokens": 2},
+                {"method": "draft_model", "model": "x", "num_speculative_tokens": 2,
+                 "prompt_lookup_max": 3},
                 {"method": "ngram"}, {"method": "ngram", "num_speculative_tokens": 0},
                 {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
                  "prompt_lookup_max": 2},
@@ -207,8 +212,17 @@ def test_rejection_sampling_keeps_the_target_distribution(sampling, draft):
                           torch.device("cpu"))
     weights, _ = _weights(logits, meta)
     want = (weights / weights.sum())[0]
-    got = torch.bincount(tokens, minlength=6).double() / trials
+    counts = torch.bincount(tokens, minlength=6).double()
+    got = counts / trials
     assert (got - want).abs().max() < 0.012, (got, want)  # ~5 standard errors at 40k trials
+    # Pearson's chi-square over the tokens the target can give: below the 0.1 % critical value
+    # of its degrees of freedom; tokens it cannot give are never drawn
+    possible = want > 0
+    assert counts[~possible].sum() == 0
+    expected = want[possible] * trials
+    chi2 = float(((counts[possible] - expected) ** 2 / expected).sum())
+    critical = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}[int(possible.sum()) - 1]
+    assert chi2 < critical, (chi2, critical)
 
 
 def test_prefix_caching_and_preemption_keep_the_output(pair):

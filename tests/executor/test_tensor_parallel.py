@@ -12,6 +12,7 @@ import torch
 from pyserve import LLM, SamplingParams
 from pyserve.config import Config
 from pyserve.engine.core import EngineCore
+from tests.executor.ranks import alive, assert_same_step, segments_of
 
 PROMPTS = [[1, 5, 9, 33, 70], [1, 100, 200, 300], list(range(3, 60)), [7] * 20]
 
@@ -19,18 +20,6 @@ PROMPTS = [[1, 5, 9, 33, 70], [1, 100, 200, 300], list(range(3, 60)), [7] * 20]
 def greedy(llm, prompts=PROMPTS, max_tokens=24, **extra):
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **extra)
     return llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def segments_of(pid: int) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"pyserve-tp-{pid}-")]
 
 
 # llama: 4 heads, 2 KV heads (one per rank); qwen2: 4 heads, 1 KV head (replicated on both
@@ -148,12 +137,7 @@ def test_step_channel_round_trip():
     sender.send(sent)
     t.join(5)
     (received,) = got
-    for a, b in [(sent.input_ids, received.input_ids), (sent.positions, received.positions),
-                 (sent.logits_rows, received.logits_rows)]:
-        assert torch.equal(a, b)
-    for field in ("slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
-        a, b = getattr(sent.meta, field), getattr(received.meta, field)
-        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert_same_step(sent, received)
 
 
 def test_speculative_decoding_at_tp2_equals_plain_decoding(tiny_model_factory):

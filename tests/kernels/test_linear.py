@@ -130,8 +130,8 @@ def test_pack_gguf_weight_refuses_what_it_cannot_do():
         _native.pack_gguf_weight(blocks, 48, "Q4_1")
     with pytest.raises(RuntimeError, match="take 40 bytes, got 40|take 68 bytes, got 40"):
         _native.pack_gguf_weight(blocks, 64, "Q8_0")
-    with pytest.raises(RuntimeError, match="Q4_1 or Q8_0"):
-        _native.pack_gguf_weight(blocks, 64, "Q4_K")
+    with pytest.raises(RuntimeError, match="Q4_1, Q5_0, Q8_0"):
+        _native.pack_gguf_weight(blocks, 64, "Q2_K")
     with pytest.raises(RuntimeError, match="outside"):
         _native.packed_rows(_native.pack_gguf_weight(blocks, 64, "Q4_1"), torch.tensor([32]))
 

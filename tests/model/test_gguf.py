@@ -67,7 +67,7 @@ def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_mode
     assert layer.mlp.gate_up_proj.weight.numel() == 0  # no float copy kept
     packed_bytes = sum(m.packed.numel() * m.packed.element_size() for m in model.modules()
                        if getattr(m, "packed", None) is not None)
-    assert packed_bytes < 135e6 * 4 / 5 and set(BLOCK_BYTES) == {"Q4_1", "Q8_0"}
+    assert packed_bytes < 135e6 * 4 / 5 and {"Q4_1", "Q8_0"} <= set(BLOCK_BYTES)
     float32 = LLM(str(default_model_dir), max_num_batched_tokens=1024)  # the same chunks
     prompts = PROMPTS + [long_prompt]
     ours = quantized.generate(prompts, params)

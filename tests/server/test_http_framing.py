@@ -54,6 +54,12 @@ BAD = {
     "chunk size -5": CHUNKED + b"-5\r\nhello\r\n0\r\n\r\n",
     "chunk size, space": CHUNKED + b"5 \r\nhello\r\n0\r\n\r\n",
     "chunk size over 2^64": CHUNKED + b"1" + b"0" * 16 + b"\r\nhello\r\n0\r\n\r\n",
+    # llhttp takes sizes up to 2^64 - 1; from 2^63 on they are refused at once, not timed out
+    "chunk size 2^63": CHUNKED + b"8000000000000000\r\nhello\r\n0\r\n\r\n",
+    "chunk size 2^64 - 1": CHUNKED + b"ffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+    "chunk size 2^63, extension": CHUNKED + b"8000000000000000;a=b\r\nhello\r\n0\r\n\r\n",
+    "chunk size 2^63, leading zeros": CHUNKED + b"0000" + b"8" + b"0" * 15 + b"\r\nhello\r\n",
+    "chunk size 2^63, second chunk": CHUNKED + b"5\r\nhello\r\nC000000000000000\r\nhello\r\n",
     "chunk size, bare LF": CHUNKED + b"5\nhello\n0\n\n",
     "chunk data without CRLF": CHUNKED + b"5\r\nhelloXX0\r\n\r\n",
     "chunk data, bare LF": CHUNKED + b"5\r\nhello\n0\r\n\r\n",
@@ -154,7 +160,7 @@ def test_header_count_cap_is_a_431():
 @pytest.mark.parametrize("raw", [
     POST + b"Content-Length: 10\r\n\r\nabc",  # a declared length that never arrives
     CHUNKED + b"5\r\nhello\r\n",  # a chunked body that never ends
-    CHUNKED + b"8000000000000000\r\nhello\r\n0\r\n\r\n",  # 2^63: never completes, times out
+    CHUNKED + b"9c40\r\nhello\r\n",  # a chunk of the body limit whose bytes never come
 ])
 def test_slow_bodies_get_408_at_the_body_timeout(raw):
     async def main():
@@ -164,6 +170,37 @@ def test_slow_bodies_get_408_at_the_body_timeout(raw):
         waited = asyncio.get_running_loop().time() - t0
         assert status == 408 and ("connection", "close") in headers
         assert 0.25 < waited < 2.0
+        server.close()
+    uvloop.run(main())
+
+
+@pytest.mark.parametrize("size", [b"9c41", b"7fffffffffffffff"])  # the limit + 1, 2^63 - 1
+def test_a_chunk_past_the_body_limit_is_a_413_at_once(size):
+    async def main():
+        server, port = await serve(router(), HTTPLimits(max_body_bytes=40000, body_timeout_s=30))
+        for raw in (CHUNKED + size + b"\r\nhello", CHUNKED + b"3\r\nabc\r\n9c3e\r\n"):
+            status, headers, _ = await exchange(port, raw, timeout=5)  # not the 30 s body timeout
+            assert status == 413 and ("connection", "close") in headers
+        status, _, data = await exchange(port, CHUNKED.replace(b"\r\n\r\n", b"\r\nConnection: "
+                                         b"close\r\n\r\n") + b"3\r\nabc\r\n9c3d\r\n" + b"x" * 39997
+                                         + b"\r\n0\r\n\r\n")  # exactly the limit: served
+        assert status == 200 and len(json.loads(data.split(b"\r\n\r\n", 1)[1])["body"]) == 40000
+        server.close()
+    uvloop.run(main())
+
+
+def test_pipelined_bodies_full_of_line_feeds_are_framed_alike():
+    """Bodies are fed to llhttp whole, lines one by one: the cut never changes a message."""
+    async def main():
+        server, port = await serve(router())
+        body = b"\n" * 3000 + b"8000000000000000\r\n"  # LF-heavy, with a size-like line
+        chunked = b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)
+        raw = (POST + b"Content-Length: %d\r\n\r\n%b" % (len(body), body) + CHUNKED + chunked
+               + POST + b"Connection: close\r\nContent-Length: 2\r\n\r\nok")
+        _, _, data = await exchange(port, raw)
+        bodies = [json.loads(part.split(b"\r\n\r\n", 1)[1].split(b"HTTP/1.1")[0])["body"]
+                  for part in data.split(b"HTTP/1.1 200 OK")[1:]]
+        assert bodies == [body.decode(), body.decode(), "ok"]
         server.close()
     uvloop.run(main())
 

@@ -10,7 +10,8 @@ from torch import nn
 
 from pyserve import _native
 from pyserve.model.layers.parallel import SINGLE, TPGroup, kv_heads_per_rank
-from pyserve.model.layers.quantized import source_tensor, weight_destination
+from pyserve.model.layers.quantized import (GGUFBlocks, GGUFParts, part_destination, source_tensor,
+                                            weight_destination)
 
 # Up to this many rows (decode steps, short chunks) our packed kernel runs a layer; above it a
 # step is a prefill whose GEMM BLAS runs faster, even after widening the packed weight back
@@ -36,7 +37,16 @@ def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
     lookup read. The unpacked copy is freed. int8_activations: a Q4_1 / Q8_0 layer then quantizes its
     input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h)."""
     weight, gguf = layer.weight.data, layer.gguf
-    if gguf is not None:
+    if isinstance(gguf, GGUFParts) and len(gguf.types) > 1:
+        # a merged parameter of several types: one packed weight per part, each part's
+        # outputs computed by its own kernel (layer.packed stays None)
+        layer.packed_parts = [(_native.pack_gguf_weight(p.blocks, p.shape[1], p.type,
+                                                        int8_activations=int8_activations), p.shape[0])
+                              for p in gguf.parts]
+        layer.gguf = None
+    elif gguf is not None:
+        if isinstance(gguf, GGUFParts):
+            gguf = gguf.joined()
         layer.packed = _native.pack_gguf_weight(gguf.blocks, gguf.shape[1], gguf.type,
                                                 int8_activations=int8_activations)
         layer.gguf = None
@@ -51,12 +61,32 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     weights may be stored as bfloat16: half the bytes to read)."""
     packed = layer.packed
     if packed is None:
+        if getattr(layer, "packed_parts", None) is not None:
+            return _apply_parts(x, layer.packed_parts, bias)
         return F.linear(x, layer.weight.to(x.dtype), bias)
     if x.shape[0] <= packed_max_rows(packed):
         out = x.new_empty(x.shape[0], layer.out_features)
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
     return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
+
+
+def _apply_parts(x: torch.Tensor, parts, bias: torch.Tensor | None) -> torch.Tensor:
+    """A merged layer packed per part (pack_for_cpu): each part's output columns from its own
+    kernel (the packed one while the rows fit it, else its widened weight through BLAS)."""
+    x = x.contiguous()
+    outs = []
+    start = 0
+    for packed, rows in parts:
+        part_bias = None if bias is None else bias[start:start + rows]
+        if x.shape[0] <= packed_max_rows(packed):
+            out = x.new_empty(x.shape[0], rows)
+            _native.packed_linear(out, x, packed, part_bias)
+        else:
+            out = F.linear(x, _native.unpack_linear_weight(packed, rows), part_bias)
+        outs.append(out)
+        start += rows
+    return torch.cat(outs, dim=1)
 
 
 def _param(shape, dtype, loader) -> nn.Parameter:
@@ -80,6 +110,7 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _param((out, input_size), dtype, self._load)
         self.bias = _param((out,), dtype, self._load) if bias else None
         self.packed = None  # set by pack_for_cpu
+        self.packed_parts = None  # instead, per part: a merged GGUF weight of several types
         self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
@@ -89,9 +120,14 @@ class ColumnParallelLinear(nn.Module):
 
     def _load(self, param: nn.Parameter, loaded, shard_id: int = 0) -> None:
         start, size = self.shard_range(shard_id, loaded.shape[0])
-        offset = self.shard_offsets[shard_id]
-        destination = weight_destination(self, param, loaded)
-        destination.narrow(0, offset, size).copy_(source_tensor(loaded.narrow(0, start, size)))
+        source = source_tensor(loaded.narrow(0, start, size))
+        if isinstance(loaded, GGUFBlocks) and len(self.shard_sizes) > 1:
+            # a merged weight's parts may differ in type: each keeps a buffer of its own
+            destination = part_destination(self, loaded, shard_id, len(self.shard_sizes), size,
+                                           param.shape[1])
+        else:
+            destination = weight_destination(self, param, loaded).narrow(0, self.shard_offsets[shard_id], size)
+        destination.copy_(source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return apply_linear(x, self, self.bias)

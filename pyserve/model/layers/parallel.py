@@ -43,3 +43,48 @@ def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
     """KV heads split across ranks; with fewer KV heads than ranks each rank keeps (a replica
     of) the one its query heads use."""
     return max(1, num_kv_heads // tp_size)
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """Which contiguous layers [start_layer, end_layer) this process's pipeline stage runs, of
+    size stages. The first stage embeds the tokens; the last applies the final norm and the LM
+    head (and holds the embedding for it where the model ties them)."""
+
+    index: int = 0
+    size: int = 1
+    start_layer: int = 0
+    end_layer: int | None = None  # None: through the last layer (one stage)
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.size - 1
+
+    def owns_layer(self, layer: int) -> bool:
+        return self.start_layer <= layer and (self.end_layer is None or layer < self.end_layer)
+
+
+WHOLE_MODEL = PipelineStage()
+
+
+def stage_layer_counts(num_layers: int, num_stages: int) -> list[int]:
+    """Layers per pipeline stage, as even as possible, by vLLM's rule: the remainder goes one
+    layer each to the stages before the last, from the second-to-last backwards (the first
+    stage holds the embedding and the last the LM head, so those take extra layers last; the
+    last never gets one). 5 layers on 2 stages: [3, 2]; 10 on 4: [2, 3, 3, 2]."""
+    counts = [num_layers // num_stages] * num_stages
+    for i in range(num_layers % num_stages):
+        counts[-2 - i] += 1
+    return counts
+
+
+def pipeline_stage(num_layers: int, num_stages: int, index: int) -> PipelineStage:
+    if num_stages == 1:
+        return WHOLE_MODEL
+    counts = stage_layer_counts(num_layers, num_stages)
+    start = sum(counts[:index])
+    return PipelineStage(index, num_stages, start, start + counts[index])

@@ -1,8 +1,8 @@
 """GGUF-quantized weights kept quantized: a checkpoint tensor's raw blocks travel through the
 layers' ordinary weight loaders (column, row and vocabulary shards alike) into a block buffer
 beside the layer's float parameter, which then stays empty; pack_for_cpu packs the buffer for
-the CPU kernel. Blocks hold 32 consecutive inputs of one output row, so output rows split
-anywhere and inputs split on multiples of 32."""
+the CPU kernel. A block holds 32 consecutive inputs of one output row (256 for the K-quants'
+super-blocks), so output rows split anywhere and inputs split on whole blocks."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from torch import nn
 
 from pyserve.errors import ModelLoadError
 
-# GGUF types the CPU kernel reads directly -> bytes per block of 32 weights
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
-BLOCK = 32
+# GGUF types the CPU kernel reads directly -> bytes per block, and weights per block
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 
 
 @dataclass
@@ -29,17 +29,52 @@ class GGUFBlocks:
     def narrow(self, dim: int, start: int, length: int) -> GGUFBlocks:
         if dim == 0:
             return GGUFBlocks(self.type, self.blocks.narrow(0, start, length), (length, self.shape[1]))
-        if start % BLOCK or length % BLOCK:
+        block = BLOCK_WEIGHTS[self.type]
+        if start % block or length % block:
             raise ModelLoadError(f"a {self.type} tensor splits its inputs only on multiples of "
-                                 f"{BLOCK}, not at {start} + {length}")
+                                 f"{block}, not at {start} + {length}")
         size = BLOCK_BYTES[self.type]
-        return GGUFBlocks(self.type, self.blocks.narrow(1, start // BLOCK * size, length // BLOCK * size),
+        return GGUFBlocks(self.type, self.blocks.narrow(1, start // block * size, length // block * size),
                           (self.shape[0], length))
 
     def __getitem__(self, index) -> GGUFBlocks:
         if index is not Ellipsis:
             raise TypeError("GGUFBlocks reads whole tensors ([...]) or narrow() slices")
         return self
+
+
+@dataclass
+class GGUFParts:
+    """The GGUF blocks of a merged parameter (q/k/v, gate/up), one buffer per logical part in
+    output order: llama.cpp's mixes (Q4_K_M) often keep v in another type than q and k, and
+    each part keeps its own. Parts of one type are joined into one buffer when packed."""
+
+    parts: list[GGUFBlocks | None]
+
+    @property
+    def types(self) -> set[str]:
+        return {p.type for p in self.parts if p is not None}
+
+    def joined(self) -> GGUFBlocks:
+        """One buffer for parts that share a type (as one tensor of that type would load)."""
+        (type_,) = self.types
+        blocks = torch.cat([p.blocks for p in self.parts])
+        return GGUFBlocks(type_, blocks, (blocks.shape[0], self.parts[0].shape[1]))
+
+
+def part_destination(layer: nn.Module, loaded: GGUFBlocks, part: int, num_parts: int,
+                     rows: int, cols: int) -> torch.Tensor:
+    """The block buffer of one part (of num_parts; this rank's rows x cols) of a merged
+    parameter loaded from GGUF blocks."""
+    if layer.gguf is None:
+        layer.gguf = GGUFParts([None] * num_parts)
+    block = BLOCK_WEIGHTS[loaded.type]
+    if cols % block:
+        raise ModelLoadError(f"a {loaded.type} weight needs inputs in multiples of {block}, "
+                             f"this shard has {cols}")
+    buffer = torch.zeros(rows, cols // block * BLOCK_BYTES[loaded.type], dtype=torch.uint8)
+    layer.gguf.parts[part] = GGUFBlocks(loaded.type, buffer, (rows, cols))
+    return buffer
 
 
 def weight_destination(layer: nn.Module, param: nn.Parameter, loaded) -> torch.Tensor:
@@ -50,11 +85,12 @@ def weight_destination(layer: nn.Module, param: nn.Parameter, loaded) -> torch.T
     rows, cols = param.shape
     current = layer.gguf
     if current is None:
-        if cols % BLOCK:
-            raise ModelLoadError(f"a {loaded.type} weight needs inputs in multiples of {BLOCK}, "
+        block = BLOCK_WEIGHTS[loaded.type]
+        if cols % block:
+            raise ModelLoadError(f"a {loaded.type} weight needs inputs in multiples of {block}, "
                                  f"this shard has {cols}")
         current = layer.gguf = GGUFBlocks(
-            loaded.type, torch.zeros(rows, cols // BLOCK * BLOCK_BYTES[loaded.type], dtype=torch.uint8),
+            loaded.type, torch.zeros(rows, cols // block * BLOCK_BYTES[loaded.type], dtype=torch.uint8),
             (rows, cols))
     elif current.type != loaded.type:
         raise ModelLoadError(f"one layer's weights mix {current.type} and {loaded.type} blocks")

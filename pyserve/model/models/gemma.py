@@ -25,9 +25,10 @@ from pyserve.model.layers.activation import gelu_tanh_and_mul
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.layers.embedding import VocabParallelEmbedding
 from pyserve.model.layers.norm import GemmaRMSNorm
-from pyserve.model.layers.parallel import TPGroup
+from pyserve.model.layers.parallel import WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
-from pyserve.model.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from pyserve.model.models.llama import (AbsentLayer, KVCache, LlamaAttention, LlamaForCausalLM,
+                                        LlamaMLP, needs_embedding, stage_layers)
 
 # checkpoint prefixes of a multimodal Gemma 3's text model (transformers 5, then 4) -> ours
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -72,9 +73,14 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class GemmaModel(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup):
+    num_carried = 1  # the residual stream is the hidden state: all a pipeline stage hands on
+
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup,
+                 stage: PipelineStage = WHOLE_MODEL):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
+        self.stage = stage
+        if needs_embedding(arch, stage):
+            self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         # a 0-dim tensor of the activation dtype, as transformers multiplies by
         self.register_buffer("normalizer", torch.tensor(arch.hidden_size ** 0.5, dtype=dtype),
                              persistent=False)
@@ -82,18 +88,26 @@ class GemmaModel(nn.Module):
         local = rotary  # Gemma 2: one rope for every layer
         if arch.rope_local_theta is not None:
             local = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_local_theta, None)
-        layers = []
-        for i in range(arch.num_layers):
+        def layer(i: int) -> GemmaDecoderLayer:
             window = arch.layer_window(i)
-            layers.append(GemmaDecoderLayer(arch, local if window else rotary, window, dtype, tp))
-        self.layers = nn.ModuleList(layers)
-        self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+            return GemmaDecoderLayer(arch, local if window else rotary, window, dtype, tp)
 
-    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
-        hidden = self.embed_tokens(input_ids) * self.normalizer
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        self.layers = stage_layers(arch, stage, layer)
+        self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
+        if stage.is_last:
+            self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
+                carried: tuple[torch.Tensor, ...] | None = None):
+        """carried: the previous pipeline stage's (hidden,) on a later stage. -> the final
+        hidden states on the last stage, (hidden,) for the next stage on the others."""
+        if carried is None:
+            hidden = self.embed_tokens(input_ids) * self.normalizer
+        else:
+            (hidden,) = carried
+        for layer, kv_cache in zip(self.own_layers, kv_caches):
             hidden = layer(positions, hidden, kv_cache, meta)
-        return self.norm(hidden)
+        return self.norm(hidden) if self.stage.is_last else (hidden,)
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

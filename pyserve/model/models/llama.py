@@ -1,5 +1,10 @@
 """The Llama-family decoder: Llama 2/3 (and SmolLM2), Mistral, Qwen2 (qkv bias) and Qwen3
-(q/k RMSNorm). Shapes: T tokens in the step, H query heads, Hkv KV heads, D head size."""
+(q/k RMSNorm). Shapes: T tokens in the step, H query heads, Hkv KV heads, D head size.
+
+Under pipeline parallelism each stage builds only its own layers (the others are weightless
+placeholders, so that checkpoint names keep their layer numbers), the embedding on the first
+stage and the final norm and LM head on the last; a stage hands the next its (hidden,
+residual) pair."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbeddin
 from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
                                          packed_max_rows)
 from pyserve.model.layers.norm import RMSNorm
-from pyserve.model.layers.parallel import SINGLE, TPGroup
+from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
 from pyserve.model.loader import fill_parameter
 
@@ -122,20 +127,48 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
-    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup):
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
-        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i))
-            for i in range(arch.num_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+class AbsentLayer(nn.Module):
+    """A decoder layer another pipeline stage runs: no weights here."""
 
-    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+
+def stage_layers(arch: ModelArch, stage: PipelineStage, make_layer) -> nn.ModuleList:
+    """All arch.num_layers positions; make_layer(i) for this stage's, AbsentLayer elsewhere."""
+    return nn.ModuleList(make_layer(i) if stage.owns_layer(i) else AbsentLayer()
+                         for i in range(arch.num_layers))
+
+
+def needs_embedding(arch: ModelArch, stage: PipelineStage) -> bool:
+    """The first stage embeds; the last holds the embedding as its LM head when tied."""
+    return stage.is_first or (stage.is_last and arch.tie_word_embeddings)
+
+
+class LlamaModel(nn.Module):
+    # what one pipeline stage hands the next: (hidden, residual), [T, hidden_size] each
+    num_carried = 2
+
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup,
+                 stage: PipelineStage = WHOLE_MODEL):
+        super().__init__()
+        self.stage = stage
+        if needs_embedding(arch, stage):
+            self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
+        rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
+        self.layers = stage_layers(
+            arch, stage, lambda i: LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i)))
+        self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
+        if stage.is_last:
+            self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
+                carried: tuple[torch.Tensor, ...] | None = None):
+        """kv_caches: this stage's layers' caches, in order; carried: the previous stage's
+        (hidden, residual) on a later stage. -> the final hidden states [T, hidden_size] on
+        the last stage, (hidden, residual) for the next stage on the others."""
+        hidden, residual = (self.embed_tokens(input_ids), None) if carried is None else carried
+        for layer, kv_cache in zip(self.own_layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        if not self.stage.is_last:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -143,16 +176,26 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     model_class = LlamaModel  # the decoder stack (GemmaForCausalLM names its own)
 
-    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE):
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
         super().__init__()
         self.arch = arch
-        self.model = self.model_class(arch, max_positions, dtype, tp)
-        self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
-                        else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
+        self.stage = stage
+        self.model = self.model_class(arch, max_positions, dtype, tp, stage)
+        self.lm_head = None  # a stage before the last has no head
+        if stage.is_last:
+            self.lm_head = (self.model.embed_tokens if arch.tie_word_embeddings
+                            else ParallelLMHead(arch.vocab_size, arch.hidden_size, dtype, tp))
 
-    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata):
-        """-> hidden states [T, hidden_size]."""
-        return self.model(input_ids, positions, kv_caches, meta)
+    @property
+    def num_carried(self) -> int:
+        return self.model.num_carried
+
+    def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
+                carried: tuple[torch.Tensor, ...] | None = None):
+        """-> hidden states [T, hidden_size]; on a pipeline stage before the last, the
+        tensors the next stage continues from (LlamaModel.forward)."""
+        return self.model(input_ids, positions, kv_caches, meta, carried)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """[n, vocab] on rank 0; None on the other tensor-parallel ranks."""

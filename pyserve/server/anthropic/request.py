@@ -30,7 +30,8 @@ from __future__ import annotations
 import json
 
 from pyserve.server.errors import APIError
-from pyserve.server.openai.params import MAX_STOP, field
+from pyserve.server.request_limits import MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOOLS
+from pyserve.server.values import brief, field
 
 # vLLM's extras to the chat request, read by the chat path as on /v1/chat/completions
 PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "presence_penalty",
@@ -139,7 +140,7 @@ def _turn(i: int, message) -> list[dict]:
             owner = "an assistant" if kind == "tool_use" else "a user"
             _fail(at, f"{kind} blocks belong in {owner} message")
         else:
-            _fail(at, f"content blocks of type {kind!r} are not supported by this server")
+            _fail(at, f"content blocks of type {brief(kind)} are not supported by this server")
     if role == "assistant":
         message = {"role": "assistant", "content": parts or None}
         if calls:
@@ -153,13 +154,15 @@ def _turn(i: int, message) -> list[dict]:
 def _tools(tools) -> list[dict]:
     if not isinstance(tools, list):
         _fail("tools", "must be a list")
+    if len(tools) > MAX_TOOLS:
+        _fail("tools", f"may hold at most {MAX_TOOLS} tools, got {len(tools)}")
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             _fail(where, "must be an object")
         if tool.get("type") not in (None, "custom"):
-            _fail(f"{where}.type", f"server tools ({tool['type']!r}) are not supported by this server")
+            _fail(f"{where}.type", f"server tools ({brief(tool['type'])}) are not supported by this server")
         _check_keys(tool, where, {"type", "name", "description", "input_schema"})
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             _fail(f"{where}.name", "must be a non-empty string")
@@ -186,7 +189,7 @@ def _tool_choice(choice, body: dict) -> None:
         _check_keys(choice, "tool_choice", allowed)
         body["tool_choice"] = _TOOL_CHOICES[kind]
     else:
-        _fail("tool_choice.type", f"must be auto, any, tool or none, got {kind!r}")
+        _fail("tool_choice.type", f"must be auto, any, tool or none, got {brief(kind)}")
     if field(choice, "disable_parallel_tool_use", bool, False):
         body["parallel_tool_calls"] = False
 
@@ -208,6 +211,8 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         _fail("messages", "must be a non-empty list")
+    if len(messages) > MAX_MESSAGES:  # before any is translated
+        _fail("messages", f"may hold at most {MAX_MESSAGES} messages, got {len(messages)}")
     chat: list[dict] = []
     system = request.get("system")
     if system is not None and system != "" and system != []:
@@ -242,6 +247,8 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
         _fail("stop_sequences", "must be a list of non-empty strings")
     if stops and len(stops) > MAX_STOP:
         _fail("stop_sequences", f"may hold at most {MAX_STOP} entries, got {len(stops)}")
+    if stops and max(map(len, stops)) > MAX_STOP_CHARS:
+        _fail("stop_sequences", f"each may be at most {MAX_STOP_CHARS} characters long")
     if stops:
         body["stop"] = list(stops)
     for name in ("temperature", "top_p", "top_k"):

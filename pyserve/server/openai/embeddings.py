@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import heapq
 import logging
 import time
 import uuid
@@ -23,11 +24,12 @@ from pyserve.errors import InvalidRequest
 from pyserve.pooling_params import PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
-from pyserve.server.openai.params import field
+from pyserve.server.request_limits import MAX_PROMPTS
+from pyserve.server.values import brief, field
 
 logger = logging.getLogger("pyserve.requests")
 
-MAX_INPUTS = 2048  # OpenAI's cap on inputs in one embeddings request
+MAX_INPUTS = MAX_PROMPTS  # 2048: OpenAI's cap on inputs in one embeddings request
 # values (floats) one response may carry: per-token pooling returns tokens x hidden of them,
 # so this bounds a /pooling answer near 400 MB of JSON
 MAX_POOLED_VALUES = 2**25
@@ -73,13 +75,14 @@ class OpenAIServingEmbedding:
         for name in _REFUSED:
             if body.get(name) is not None:
                 raise APIError(400, f"'{name}' is not supported by pyserve's pooling routes", name)
-        unknown = sorted(set(body) - known)
-        if unknown:
-            logger.warning("The following fields were present in the request but ignored: %s",
-                           unknown)
+        unknown = set(body) - known
+        if unknown:  # a log line of bounded length, however many names a body holds
+            logger.warning("The following fields were present in the request but ignored: %s%s",
+                           heapq.nsmallest(20, unknown),
+                           f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
         fmt = field(body, "encoding_format", str, "float")
         if fmt not in ("float", "base64"):
-            raise APIError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}",
+            raise APIError(400, f"encoding_format must be 'float' or 'base64', got {brief(fmt)}",
                            "encoding_format")
         if field(body, "embed_dtype", str, "float32") != "float32":
             raise APIError(400, "embed_dtype: pyserve returns float32 embeddings only", "embed_dtype")

@@ -14,6 +14,7 @@ none is ignored unseen:
 
 from __future__ import annotations
 
+import heapq
 import logging
 
 from pyserve.server.errors import APIError
@@ -60,6 +61,7 @@ def check_fields(body: dict, route: str) -> None:
             raise APIError(400, f"{name} is not supported on this endpoint by this server", name)
     unknown = (set(body) - IMPLEMENTED[route] - NO_EFFECT - set(REFUSED_UNLESS_DEFAULT)
                - set(_ROUTE_REFUSED[route]))
-    if unknown:
-        logger.warning("the following fields were present in the request but ignored: %s",
-                       ", ".join(sorted(unknown)))
+    if unknown:  # a log line of bounded length, however many names a body holds
+        shown = heapq.nsmallest(20, unknown)
+        logger.warning("the following fields were present in the request but ignored: %s%s",
+                       ", ".join(shown), f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")

@@ -8,6 +8,16 @@ from pathlib import Path
 import orjson
 
 from pyserve.server.errors import APIError
+from pyserve.server.request_limits import MAX_CONTENT_PARTS, MAX_DOCUMENTS, MAX_MESSAGES, MAX_TOOLS
+from pyserve.server.values import brief, capped, check_nesting, field
+
+# apply_chat_template's own arguments and what the server passes it: chat_template_kwargs may
+# not set them (a 400 naming the key; vLLM drops some silently, which hides a client's mistake)
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "chat_template", "tokenize", "return_dict", "return_tensors",
+    "return_assistant_tokens_mask", "padding", "truncation", "max_length", "tokenizer",
+    "tokenizer_kwargs", "add_special_tokens", "sanitize_control_tokens"))
 
 
 def load_template(value: str | None) -> str | None:
@@ -25,16 +35,25 @@ def template_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", "messages")
+    capped("messages", messages, MAX_MESSAGES, "messages")
+    parts = 0
     cleaned = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise APIError(400, f"messages[{i}] needs a role (a non-empty string)", "messages")
         content = m.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise APIError(400, f"messages[{i}]: only text content parts "
-                               "({\"type\": \"text\", \"text\": ...}) are supported", "messages")
+            parts += len(content)
+            if parts > MAX_CONTENT_PARTS:
+                raise APIError(400, f"messages may hold at most {MAX_CONTENT_PARTS} content parts "
+                               "in all", "messages")
+            for j, p in enumerate(content):
+                kind = p.get("type") if isinstance(p, dict) else None
+                if kind != "text" or not isinstance(p.get("text"), str):
+                    raise APIError(400, f"messages[{i}].content[{j}]: only text content parts "
+                                   "({\"type\": \"text\", \"text\": ...}) are supported; got "
+                                   + (f"type {brief(kind)}" if kind is not None else brief(p)),
+                                   "messages")
             content = "\n".join(p["text"] for p in content)
         if content is None:
             content = ""  # e.g. an assistant turn that only calls tools (vLLM: no parts)
@@ -50,6 +69,28 @@ def template_messages(body: dict) -> list[dict]:
         cleaned.append(message)
     return cleaned
 
+
+def template_kwargs(body: dict) -> dict:
+    """The request's chat_template_kwargs (a copy), none of them a reserved name."""
+    kwargs = field(body, "chat_template_kwargs", dict, {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: the "
+                       "request's own fields and the server set these", "chat_template_kwargs")
+    return dict(kwargs)
+
+
+def template_documents(body: dict) -> list | None:
+    """vLLM's documents (a list of objects, e.g. {"title", "text"}) for RAG templates."""
+    documents = body.get("documents")
+    if documents is None:
+        return None
+    if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+        raise APIError(400, "'documents' must be a list of objects", "documents")
+    capped("documents", documents, MAX_DOCUMENTS, "documents")
+    return documents
+
+
 def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, list | None]:
     """(mode, the tools the template sees), vLLM's rules: with tools, tool_choice defaults to
     "auto", which needs --enable-auto-tool-choice (and its --tool-call-parser); "required" and
@@ -60,6 +101,8 @@ def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, li
     choice = body.get("tool_choice")
     if tools is not None and not isinstance(tools, list):
         raise APIError(400, "'tools' must be a list", "tools")
+    if tools:
+        capped("tools", tools, MAX_TOOLS, "tools")
     if not generating:
         return "none", tools or None
     if not tools:
@@ -85,6 +128,8 @@ def template_tool_calls(calls) -> list:
     is not a JSON object)."""
     if not isinstance(calls, list):
         raise APIError(400, "'tool_calls' must be a list", "messages")
+    if len(calls) > MAX_TOOLS:
+        raise APIError(400, f"a message may hold at most {MAX_TOOLS} tool calls", "messages")
     out = []
     for call in calls:
         if not isinstance(call, dict):
@@ -95,6 +140,8 @@ def template_tool_calls(calls) -> list:
                 arguments = orjson.loads(function["arguments"])
             except orjson.JSONDecodeError:
                 arguments = {}
+            # the template renders arguments recursively: as deep as a body may nest, no deeper
+            check_nesting(function["arguments"], arguments, "a tool call's arguments", "messages")
             call = {**call, "function": {**function,
                                          "arguments": arguments if isinstance(arguments, dict) else {}}}
         out.append(call)

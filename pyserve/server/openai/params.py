@@ -1,21 +1,16 @@
 """OpenAI request fields (plus vLLM's extras) -> SamplingParams, with 400s naming the field.
 
-Types are read as vLLM's pydantic models read them in lax mode: an integral float or a string
-of digits is an int, "true"/"false" is a bool, and ints are floats; anything else is a 400."""
+Each field is read by server/values.py (vLLM's lax types, finite floats, 64-bit ints, no bool
+for an int) and held to the caps of server/request_limits.py."""
 
 from __future__ import annotations
-
-import re
-from typing import Any
 
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pyserve.server.errors import APIError
 from pyserve.server.openai.structured import structured_outputs
-
-_INT64 = (-2**63, 2**63 - 1)
-_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
-_TRUE, _FALSE = ("true", "t", "yes", "y", "on", "1"), ("false", "f", "no", "n", "off", "0")
+from pyserve.server.request_limits import MAX_LOGIT_BIAS, MAX_N, MAX_STOP, MAX_STOP_CHARS
+from pyserve.server.values import as_float, as_int, brief, capped, field, is_int_text, token_ids
 
 # SamplingParams fields a request may set, with their JSON types
 _FIELDS = {"n": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
@@ -30,94 +25,46 @@ _FIELDS = {"n": int, "temperature": float, "top_p": float, "top_k": int, "min_p"
 _UNIMPLEMENTED = ("allowed_token_ids", "bad_words")
 
 
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, float) and abs(value) >= 2**63:
-        # the JSON parser reads an integer beyond 64 bits as a float (-2**63 - 1 rounds to
-        # -2**63): an integer's range cannot be trusted through it
-        raise APIError(400, f"'{name}' is out of the 64-bit integer range", name)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif isinstance(value, str) and _INT_TEXT.fullmatch(value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(400, f"'{name}' must be an integer, got {value!r}", name)
-    if not _INT64[0] <= value <= _INT64[1]:
-        raise APIError(400, f"'{name}' is out of the 64-bit integer range", name)
-    return value
-
-
-def _as_float(name: str, value: Any) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise APIError(400, f"'{name}' must be a number, got {value!r}", name)
-    return float(value)
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
-        return bool(value)
-    if not isinstance(value, bool):
-        raise APIError(400, f"'{name}' must be a boolean, got {value!r}", name)
-    return value
-
-
-def field(body: dict, name: str, kinds, default: Any = None) -> Any:
-    """body[name] read as kinds (a type or a tuple of types); absent or null gives default."""
-    value = body.get(name)
-    if value is None:
-        return default
-    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if kinds == (int,):
-        return _as_int(name, value)
-    if kinds == (float,):
-        return _as_float(name, value)
-    if kinds == (bool,):
-        return _as_bool(name, value)
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        raise APIError(400, f"'{name}' has the wrong type", name)
-    return value
-
-
-# Caps on list-like fields, so one request cannot make the server do unbounded work per token.
-MAX_N = 128
-MAX_STOP = 64
-
-
-def _check_caps(values: dict) -> None:
+def _check_caps(values: dict, vocab_size: int | None) -> None:
+    """n, stop and stop_token_ids within request_limits' caps (checked before any entry is
+    read); stop_token_ids as token ids, in the vocabulary when its size is known."""
     n = values.get("n")
     if n is not None and n > MAX_N:
         raise APIError(400, f"n must be at most {MAX_N}, got {n}", "n")
-    for name in ("stop", "stop_token_ids"):
-        value = values.get(name)
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise APIError(400, f"{name} may hold at most {MAX_STOP} entries, got {len(value)}", name)
-    if values.get("stop_token_ids"):
-        values["stop_token_ids"] = [_as_int("stop_token_ids", t) for t in values["stop_token_ids"]]
+    stop = values.get("stop")
+    if isinstance(stop, list):
+        capped("stop", stop, MAX_STOP)
+    for s in [stop] if isinstance(stop, str) else stop or ():
+        if isinstance(s, str) and len(s) > MAX_STOP_CHARS:
+            raise APIError(400, f"a stop string may be at most {MAX_STOP_CHARS} characters long, "
+                           f"got {len(s)}", "stop")
+    ids = values.get("stop_token_ids")
+    if ids:
+        capped("stop_token_ids", ids, MAX_STOP)
+        ids = [as_int("stop_token_ids", t) for t in ids]
+        values["stop_token_ids"] = (ids if vocab_size is None
+                                    else token_ids("stop_token_ids", ids, vocab_size))
 
 
 def _logit_bias(bias: dict) -> dict[int, float]:
     """vLLM's reading: keys are token ids (JSON keys are strings), values are clamped to
-    OpenAI's [-100, 100]; a 400 names every key that is not a token id."""
-    bad = [k for k in bias if not _INT_TEXT.fullmatch(str(k))]
+    OpenAI's [-100, 100] (a value must be a finite number); a 400 names the keys that are not
+    token ids. (The engine checks the ids against the vocabulary.)"""
+    capped("logit_bias", bias, MAX_LOGIT_BIAS)
+    bad = [k for k in bias if not is_int_text(str(k))]
     if bad:
-        raise APIError(400, "logit_bias keys must be token ids (integers); not token ids: "
-                       + ", ".join(repr(k) for k in bad), "logit_bias")
+        shown = ", ".join(brief(k) for k in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise APIError(400, f"logit_bias keys must be token ids (integers); not token ids: {shown}",
+                       "logit_bias")
     out = {}
     for k, v in bias.items():
+        token = int(k)
         try:
-            if isinstance(v, bool):
-                raise ValueError
-            value = float(v)
-        except (TypeError, ValueError):
-            raise APIError(400, f"logit_bias for token {int(k)} must be a number, got {v!r}",
-                           "logit_bias") from None
-        out[int(k)] = min(100.0, max(-100.0, value))
+            value = as_float("logit_bias", v)
+        except APIError:
+            raise APIError(400, f"logit_bias for token {token} must be a finite number, got "
+                           f"{brief(v)}", "logit_bias") from None
+        out[token] = min(100.0, max(-100.0, value))
     return out
 
 
@@ -150,14 +97,16 @@ def requested_max_tokens(body: dict, chat: bool) -> int | None:
 
 
 def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
-                    defaults: dict | None = None, max_tokens: int | None = -1) -> SamplingParams:
+                    defaults: dict | None = None, max_tokens: int | None = -1,
+                    vocab_size: int | None = None) -> SamplingParams:
     """defaults: the model's generation_config values for fields the request leaves out;
-    max_tokens: -1 reads it from the body."""
+    max_tokens: -1 reads it from the body; vocab_size: the model's, for stop_token_ids."""
     values = {name: field(body, name, kind) for name, kind in _FIELDS.items()}
     values = {k: v for k, v in values.items() if v is not None}
     if values.get("logit_bias"):
         values["logit_bias"] = _logit_bias(values["logit_bias"])
-    _check_caps(values)
+    _check_caps(values, vocab_size)
+    field(body, "length_penalty", float)  # read with beam search only, but never a NaN
     if max_tokens == -1:
         max_tokens = requested_max_tokens(body, chat)
     defaults = dict(defaults or {})

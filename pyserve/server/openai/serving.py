@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 import time
 import uuid
 
@@ -21,11 +22,14 @@ from pyserve.server.openai import objects
 from pyserve.server.openai.chat_output import ChoiceOutput
 from pyserve.server.openai.fields import check_fields
 from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
-from pyserve.server.openai.messages import load_template, template_messages, tool_mode
+from pyserve.server.openai.messages import (load_template, template_documents, template_kwargs,
+                                            template_messages, tool_mode)
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
 from pyserve.server.openai.streaming import chunk_dicts, stream_chunks
+from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_PROMPTS
+from pyserve.server.values import brief, capped, check_nesting, token_ids
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 logger = logging.getLogger("pyserve.requests")
@@ -36,10 +40,41 @@ def json_object(request: Request) -> dict:
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):  # orjson stops at 1024 levels
+            raise APIError(400, f"the request body nests more than {MAX_JSON_DEPTH} levels "
+                           "deep") from None
+        number, key = _not_a_json_number(exc), _key_before(exc)
+        if number is not None:
+            raise APIError(400, f"request body is not valid JSON: {number}"
+                           + (f", in '{key}'" if key else ""), key) from None
         raise APIError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    # everything below may recurse over the body (templates, grammars, error messages)
+    check_nesting(request.body, body, "the request body", None)
     return body
+
+
+# JSON has no NaN or infinities; Python's json module (and so many clients) writes them anyway
+_NON_JSON_NUMBERS = ("NaN", "Infinity", "-Infinity")
+_KEY_BEFORE = re.compile(r'"((?:[^"\\]|\\.){1,64})"\s*:\s*-?\Z')
+
+
+def _not_a_json_number(exc: orjson.JSONDecodeError) -> str | None:
+    """What a body's NaN, Infinity or overflowing number is, said plainly; None for other errors."""
+    at = exc.doc[exc.pos - (exc.doc[exc.pos - 1:exc.pos] == "-"):]
+    literal = next((t for t in _NON_JSON_NUMBERS if at.startswith(t)), None)
+    if literal is not None:
+        return f"{literal} is not a JSON number (char {exc.pos}): send a finite number"
+    if exc.msg.startswith("number is infinity"):
+        return f"a number beyond a double's range (char {exc.pos}): send a finite number"
+    return None
+
+
+def _key_before(exc: orjson.JSONDecodeError) -> str | None:
+    """The object key just before the error, when the bad value follows one ("temperature": NaN)."""
+    match = _KEY_BEFORE.search(exc.doc[max(0, exc.pos - 80):exc.pos])
+    return match.group(1) if match else None
 
 
 def _json(obj) -> Response:
@@ -63,6 +98,10 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_queued = config.max_num_queued_requests
         self.chat_template = load_template(config.chat_template)
+        if self.chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            logging.getLogger("pyserve").warning(
+                "the model carries no chat template: /v1/completions works, chat needs "
+                "--chat-template (a file or inline Jinja)")
         self.config = config
         self.defaults = engine.generation_defaults  # the model's generation_config.json
 
@@ -90,7 +129,7 @@ class OpenAIServing:
         k = field(body, "truncate_prompt_tokens", int)
         side = field(body, "truncation_side", str, "left")
         if side not in ("left", "right"):
-            raise APIError(400, f"truncation_side must be \"left\" or \"right\", got {side!r}",
+            raise APIError(400, f"truncation_side must be \"left\" or \"right\", got {brief(side)}",
                            "truncation_side")
         if k is None:
             return None
@@ -116,14 +155,17 @@ class OpenAIServing:
         else:
             raise APIError(400, "'prompt' must be a non-empty string, token list, or a list of them",
                            "prompt")
+        capped("prompt", prompts, MAX_PROMPTS, "prompts")  # before any is tokenized
         add_special = field(body, "add_special_tokens", bool, True)
         cut = self._truncation(body, max_tokens)
         out = []
-        for p in prompts:
+        single = prompts[0] is prompt
+        for i, p in enumerate(prompts):
             if isinstance(p, str):
                 text, ids = p, await self._encode(p, add_special)
-            elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                text, ids = None, list(p)
+            elif isinstance(p, list):
+                text, ids = None, list(token_ids("prompt" if single else f"prompt[{i}]", p,
+                                                   self.engine.vocab_size, "prompt"))
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
             if cut is not None and len(cut(ids)) < len(ids):
@@ -134,13 +176,13 @@ class OpenAIServing:
     async def _chat_prompt(self, body: dict, tools: list | None,
                            max_tokens: int | None = None) -> list[int]:
         cleaned = template_messages(body)
-        kwargs = dict(field(body, "chat_template_kwargs", dict, {}))
+        kwargs = template_kwargs(body)
         own = field(body, "chat_template", str)
-        if (own is not None or "chat_template" in kwargs) and not self.config.trust_request_chat_template:
+        if own is not None and not self.config.trust_request_chat_template:
             raise APIError(400, "Chat template is passed with request, but "
                            "--trust-request-chat-template is not set. Refused request with "
                            "untrusted chat template.", "chat_template")
-        template = own or kwargs.pop("chat_template", None) or self.chat_template
+        template = own or self.chat_template
         add_generation_prompt = field(body, "add_generation_prompt", bool, True)
         continue_final = field(body, "continue_final_message", bool, False)
         if continue_final and add_generation_prompt:
@@ -150,8 +192,9 @@ class OpenAIServing:
             kwargs["continue_final_message"] = True
         if tools is not None:
             kwargs["tools"] = tools
-        if body.get("documents") is not None:
-            kwargs["documents"] = body["documents"]
+        documents = template_documents(body)
+        if documents is not None:
+            kwargs["documents"] = documents
         add_special = field(body, "add_special_tokens", bool, False)
 
         def render() -> list[int]:
@@ -219,7 +262,8 @@ class OpenAIServing:
         # vLLM: echo with max_tokens 0 scores the prompt alone (one token is generated, unshown)
         echo_only = echo and max_tokens == 0
         params = sampling_params(body, logprobs, stream, chat=False, defaults=self.defaults,
-                                 max_tokens=1 if echo_only else max_tokens)
+                                 max_tokens=1 if echo_only else max_tokens,
+                                 vocab_size=self.engine.vocab_size)
         if echo and logprobs is not None and params.prompt_logprobs is None:
             params = dataclasses.replace(params, prompt_logprobs=logprobs)  # echoed tokens are scored
         params = beam_search_params(body, await self._constrained(body, params))
@@ -245,7 +289,7 @@ class OpenAIServing:
             raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
                            "top_logprobs")
         params = sampling_params(body, (top_logprobs or 0) if wants_logprobs else None, stream,
-                                 chat=True, defaults=self.defaults)
+                                 chat=True, defaults=self.defaults, vocab_size=self.engine.vocab_size)
         mode, tools = tool_mode(body, True, self.config.enable_auto_tool_choice)
         choice = body.get("tool_choice")
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
@@ -261,7 +305,7 @@ class OpenAIServing:
         echo = field(body, "echo", bool, False) and last["role"] == role
         echo_text = (template_messages({"messages": [last]})[0]["content"] or None) if echo else None
         name = forced_tool_name(choice) if mode == "named" else None
-        thinking = field(field(body, "chat_template_kwargs", dict, {}), "enable_thinking", bool, True)
+        thinking = field(template_kwargs(body), "enable_thinking", bool, True)
         include_reasoning = field(body, "include_reasoning", bool, True)
         parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)

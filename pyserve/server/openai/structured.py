@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 
+import orjson
+
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import StructuredOutputsParams
 from pyserve.server.errors import APIError
+from pyserve.server.values import brief, check_nesting
 
 _ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
             "guided_grammar": "grammar", "structural_tag": "structural_tag"}
@@ -25,7 +28,22 @@ _OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_
 _BACKENDS = ("", "auto", "xgrammar")
 
 
+def _json_text(param: str, text: str, what: str):
+    """JSON carried in a string (a schema, a structural tag), parsed here so that its nesting
+    is held to a body's: the grammar compiler's parser recurses."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise APIError(400, f"{param}: the {what} is not valid JSON: {exc}", param) from None
+    check_nesting(text, value, f"{param}: the {what}", param)
+    return value
+
+
 def _params(param: str, **values) -> StructuredOutputsParams:
+    if isinstance(values.get("json"), str):
+        values["json"] = _json_text(param, values["json"], "JSON schema")
+    if isinstance(values.get("structural_tag"), str):
+        _json_text(param, values["structural_tag"], "structural tag")
     try:
         return StructuredOutputsParams(**values)
     except InvalidRequest as exc:
@@ -48,7 +66,7 @@ def _from_response_format(value) -> StructuredOutputsParams | None:
         return _params("response_format", json=schema)
     if kind == "structural_tag":
         return _params("response_format", structural_tag=json.dumps(value))
-    raise APIError(400, f"response_format type {kind!r} is not one of text, json_object, "
+    raise APIError(400, f"response_format type {brief(kind)} is not one of text, json_object, "
                    "json_schema, structural_tag", "response_format")
 
 
@@ -77,7 +95,7 @@ def structured_outputs(body: dict) -> tuple[StructuredOutputsParams | None, str 
     """The request's constraint and the field it came from; (None, None) without one."""
     backend = body.get("guided_decoding_backend")
     if backend is not None and backend not in _BACKENDS:
-        raise APIError(400, f"guided_decoding_backend {backend!r} is not available; pyserve uses "
+        raise APIError(400, f"guided_decoding_backend {brief(backend)} is not available; pyserve uses "
                        "xgrammar", "guided_decoding_backend")
     if body.get("guided_whitespace_pattern") is not None:
         raise APIError(400, "guided_whitespace_pattern is not supported by the xgrammar backend",
@@ -137,7 +155,7 @@ def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
         for function in functions:
             if function["name"] == name:
                 return StructuredOutputsParams(json=_parameters(function))
-        raise APIError(400, f"tool_choice names the function {name!r}, which is not in tools",
+        raise APIError(400, f"tool_choice names the function {brief(name)}, which is not in tools",
                        "tool_choice")
     items = [{"type": "object", "properties": {"name": {"type": "string", "enum": [f["name"]]},
                                                "parameters": _parameters(f)},

@@ -34,7 +34,8 @@ from __future__ import annotations
 import json
 
 from pyserve.server.errors import APIError
-from pyserve.server.openai.params import field
+from pyserve.server.request_limits import MAX_MESSAGES, MAX_TOOLS
+from pyserve.server.values import brief, capped, field
 
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
@@ -88,7 +89,7 @@ def _text(content, where: str) -> str:
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise APIError(400, f"{where}: content part type {kind!r} is not supported; only "
+            raise APIError(400, f"{where}: content part type {brief(kind)} is not supported; only "
                            "input_text and output_text parts are", "input")
         texts.append(part["text"])
     return "\n".join(texts)
@@ -108,6 +109,8 @@ def input_messages(items, where: str = "input") -> list[dict]:
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise APIError(400, f"{where} must be a string or a non-empty list of items", "input")
+    if len(items) > MAX_MESSAGES:  # before any is translated
+        raise APIError(400, f"{where} may hold at most {MAX_MESSAGES} items, got {len(items)}", "input")
     messages: list[dict] = []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
@@ -132,7 +135,7 @@ def input_messages(items, where: str = "input") -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
                              "content": _text(item.get("output"), at)})
         else:
-            raise APIError(400, f"{at}: input item type {kind!r} is not supported; only message, "
+            raise APIError(400, f"{at}: input item type {brief(kind)} is not supported; only message, "
                            "function_call and function_call_output items are", "input")
     return messages
 
@@ -142,6 +145,7 @@ def chat_tools(tools) -> list[dict] | None:
         return None
     if not isinstance(tools, list):
         raise APIError(400, "tools must be a list", "tools")
+    capped("tools", tools, MAX_TOOLS, "tools")
     out, hosted = [], []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
@@ -170,7 +174,7 @@ def chat_tool_choice(choice, has_tools: bool):
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else None
     if isinstance(kind, str) and kind != "function":
-        raise APIError(400, f"tool_choice type {kind!r} is not supported by this server; only "
+        raise APIError(400, f"tool_choice type {brief(kind)} is not supported by this server; only "
                        "function tools are", "tool_choice")
     raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
                    '{"type": "function", "name": ...}', "tool_choice")
@@ -197,7 +201,7 @@ def response_format(text) -> dict | None:
         if fmt.get("strict") is not None:
             spec["strict"] = fmt["strict"]
         return {"type": "json_schema", "json_schema": spec}
-    raise APIError(400, f"text.format type {kind!r} is not one of text, json_object, json_schema",
+    raise APIError(400, f"text.format type {brief(kind)} is not one of text, json_object, json_schema",
                    "text")
 
 

@@ -1,0 +1,129 @@
+"""GGUF's Q4_0, Q5_0, Q4_K, Q5_K and Q6_K blocks in the CPU packed linear kernel (csrc/cpu/
+linear_kquant.h): dequantized bit for bit as gguf.quants.dequantize, random blocks with extreme
+float16 scales included; the packed product bitwise that of the float32 kernel on the
+dequantized weight, and within float32 accumulation error of a float64 matmul; the embedding
+lookup; the int8-activation kernel of the nibble types near the exact one."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyserve import _native
+
+TYPES = ["Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+# weights per block, bytes per block, and where each block's float16 scales sit
+LAYOUT = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q4_K": (256, 144, (0, 2)),
+          "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+# float16 max, min normal, a subnormal, the smallest subnormal, zeros, negatives, and the
+# ordinary range (as float16 bit patterns are widened by the kernel)
+EXTREME_SCALES = np.array([65504.0, -65504.0, 6.104e-5, 3.0e-6, 5.96e-8, -5.96e-8, 0.0, -0.0,
+                           1.0, -2.5, 0.01, 3e-3], dtype=np.float16)
+
+
+def random_blocks(kind: str, n: int, k: int, seed: int, extreme: bool = False) -> np.ndarray:
+    """Raw GGUF blocks [n, k / block * bytes]: random bytes for the quants and integer scales,
+    float16 scales from the ordinary range (1e-3 .. 0.05, either sign) or the extreme set."""
+    block, size, scale_at = LAYOUT[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    for at in scale_at:
+        if extreme:
+            scales = rng.choice(EXTREME_SCALES, (n, k // block))
+        else:
+            scales = (rng.uniform(1e-3, 0.05, (n, k // block)) * rng.choice([-1, 1], (n, k // block)))
+        blocks[:, :, at:at + 2] = scales.astype(np.float16).view(np.uint8).reshape(n, k // block, 2)
+    return np.ascontiguousarray(blocks.reshape(n, -1))
+
+
+def gguf_dequantized(kind: str, blocks: np.ndarray, n: int, k: int) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(blocks, GGMLQuantizationType[kind]).reshape(n, k).astype(np.float32))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """float32 bit patterns: equal tensors here are equal in the sign of every zero too"""
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("n,k", [(64, 256), (37, 512), (5, 768)])  # N not a multiple of 32
+def test_dequantized_bit_for_bit_as_gguf(kind, extreme, n, k):
+    blocks = random_blocks(kind, n, k, seed=n + k + extreme, extreme=extreme)
+    reference = gguf_dequantized(kind, blocks, n, k)
+    assert torch.isfinite(reference).all()
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind)
+    assert packed.dtype == torch.uint8 and packed.shape[:2] == (-(-n // 32), k // LAYOUT[kind][0])
+    assert torch.equal(bits(_native.unpack_linear_weight(packed, n)), bits(reference))
+    # the embedding lookup reads single rows through the scalar path
+    ids = torch.tensor([0, n - 1, n // 2, 0, 3 % n])
+    assert torch.equal(bits(_native.packed_rows(packed, ids)), bits(reference[ids]))
+
+
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("n,k", [(96, 256), (70, 768), (5, 512)])
+def test_packed_linear_equals_dequantize_then_matmul(kind, n, k):
+    """Bitwise the float32 kernel on the dequantized weight (the same sums in the same order),
+    at every row count (direct tiles, their tails, the L1-chunked path, two row chunks); and
+    within float32 accumulation error of a float64 matmul: atol 1e-4 · sqrt(k), rtol 1e-4, as
+    the float32 kernel's own test."""
+    blocks = random_blocks(kind, n, k, seed=7 * n + k)
+    reference = gguf_dequantized(kind, blocks, n, k)
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind)
+    as_float = _native.pack_linear_weight(reference)
+    gen = torch.Generator().manual_seed(n * k)
+    bias = torch.randn(n, generator=gen)
+    for m in (1, 2, 3, 12, 13, 16, 29, 200, 700):
+        x = torch.randn(m, k, generator=gen)
+        out_q, out_f = torch.full((m, n), float("nan")), torch.full((m, n), float("nan"))
+        _native.packed_linear(out_q, x, packed, bias)
+        _native.packed_linear(out_f, x, as_float, bias)
+        assert torch.equal(bits(out_q), bits(out_f)), m
+        expected = F.linear(x.double(), reference.double(), bias.double()).float()
+        torch.testing.assert_close(out_q, expected, atol=1e-4 * k ** 0.5, rtol=1e-4)
+
+
+def test_k_quants_need_whole_super_blocks():
+    blocks = torch.from_numpy(random_blocks("Q4_K", 4, 256, seed=0))
+    with pytest.raises(RuntimeError, match="multiple of 256 for Q4_K"):
+        _native.pack_gguf_weight(blocks[:, :72], 128, "Q4_K")
+    with pytest.raises(RuntimeError, match="take 288 bytes, got 144"):
+        _native.pack_gguf_weight(blocks, 512, "Q4_K")
+    with pytest.raises(RuntimeError, match="type must be"):
+        _native.pack_gguf_weight(blocks, 256, "Q3_K")
+    packed = _native.pack_gguf_weight(blocks, 256, "Q4_K")
+    with pytest.raises(RuntimeError, match="columns"):
+        _native.packed_linear(torch.empty(1, 4), torch.randn(1, 512), packed, None)
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_K", "Q6_K"])
+def test_types_without_an_int8_kernel_stay_exact(kind):
+    """int8_activations asks for integer dot products; the types that have no such kernel come
+    back unmarked (uint8) and compute exactly."""
+    blocks = torch.from_numpy(random_blocks(kind, 40, 256, seed=3))
+    assert _native.pack_gguf_weight(blocks, 256, kind, int8_activations=True).dtype == torch.uint8
+
+
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX-512 VNNI")
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("m", [1, 6, 7, 300])
+@pytest.mark.parametrize("n,k", [(70, 512), (5, 256)])
+def test_int8_activations_stay_near_the_exact_product(kind, m, n, k):
+    """The nibble types share Q4_1's int8 kernel (w = d·q + m per 32 k, with Q4_0's m = -8 d
+    and the K-quants' sub-block d·sc and -dmin·m): x rounded to 8 bits per 32 k keeps the
+    product within 2 % of the exact one (a wrong scale or nibble is off by far more)."""
+    blocks = torch.from_numpy(random_blocks(kind, n, k, seed=m + n + k))
+    packed = _native.pack_gguf_weight(blocks, k, kind, int8_activations=True)
+    exact = _native.pack_gguf_weight(blocks, k, kind)
+    assert packed.dtype == torch.int8 and torch.equal(packed.view(torch.uint8), exact)
+    x = torch.randn(m, k) * torch.rand(m, 1) * 4
+    bias = torch.randn(n)
+    out, float_out = torch.empty(m, n), torch.empty(m, n)
+    _native.packed_linear(out, x, packed, bias)
+    _native.packed_linear(float_out, x, exact, bias)
+    error = (out - float_out).norm() / float_out.norm()
+    assert error < 0.02, error
+    assert torch.equal(_native.unpack_linear_weight(packed, n), _native.unpack_linear_weight(exact, n))
