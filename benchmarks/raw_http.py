@@ -89,15 +89,17 @@ async def sse_stream(port: int, body: dict, rcvbuf: int | None = None, read_dela
                      timeout_s: float = 300.0, on_head=None,
                      path: str = "/v1/completions") -> StreamResult:
     """A streamed completion read to its end. read_delay_s: a slow reader sleeps this long
-    between small reads. on_head(): called when the head arrives (the stream is held)."""
+    between small reads. on_head(): called when the head arrives (the stream is held); if it
+    returns an awaitable, the body is read once that is done."""
     result = StreamResult()
     reader, writer = await connect(port, rcvbuf)
     try:
         writer.write(post(path, {**body, "stream": True}))
         result.status, headers = await asyncio.wait_for(read_head(reader), timeout_s)
         result.t_head = time.perf_counter()
-        if on_head is not None:
-            on_head()
+        held = on_head() if on_head is not None else None
+        if held is not None:
+            await held
         if result.status != 200:
             result.error = f"HTTP {result.status}"
             return result

@@ -7,7 +7,8 @@ Phases, each printed as it ends (--json: one object at the end):
   streams     --streams SSE streams opened at --ramp per second (--slow-fraction of them
               slow readers with a tiny receive buffer), a short generation each, while
               /health is polled: peak streams held (client side: head in, end not yet read;
-              server side: the books' open streams) and /health p50/p99;
+              each stream reads on only once all are held; server side: the books' open
+              streams) and /health p50/p99;
   half-open   --half-open connections that send part of a request's headers and never finish
               (slowloris): each must be closed at --header-timeout, while /health and a few
               normal requests are timed;
@@ -47,6 +48,8 @@ FAULT_STEP = 3
 # a flood's last streams wait for all before them: on two shared cores 2,000 of them took
 # over 300 s (the model's steps, not the server, set the pace), so a stream may take this long
 STREAM_TIMEOUT_S = 1800.0
+# how long the held streams wait for the last of the flood to arrive before reading on
+HOLD_TIMEOUT_S = 120.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,10 +95,22 @@ async def poll_open_streams(server: PyserveServer, stop: asyncio.Event, peak: li
 async def phase_streams(port: int, server: PyserveServer, n: int, ramp: float,
                         slow_fraction: float, max_tokens: int) -> dict:
     held = {"now": 0, "peak": 0}
+    all_held = asyncio.Event()
+
+    async def until_all_held():
+        # every stream is held open before any is read on: the peak is the whole flood
+        # however fast the model answers (a stream that failed first leaves it to time out)
+        try:
+            await asyncio.wait_for(all_held.wait(), HOLD_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass
 
     def on_head():
         held["now"] += 1
         held["peak"] = max(held["peak"], held["now"])
+        if held["peak"] == n:
+            all_held.set()
+        return until_all_held()
 
     async def one(i: int):
         await asyncio.sleep(i / ramp)
