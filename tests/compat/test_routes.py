@@ -111,7 +111,7 @@ def _open_stream(server, body: dict) -> socket.socket:
 
 
 STREAM = {"model": MODEL, "prompt": "Tell a story", "max_tokens": LONG, "ignore_eos": True,
-          "stream": True, "n": 2, "logprobs": 20}  # several MB of chunks
+          "stream": True, "n": 4, "logprobs": 20}  # more MB of chunks than socket buffers hold
 
 
 def test_a_stream_counts_until_its_last_chunk_is_written(server):

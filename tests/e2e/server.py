@@ -62,10 +62,12 @@ class ServerProcess:
         if check_books and "--enable-debug-endpoints" not in flags:
             flags = (*flags, "--enable-debug-endpoints")
         self.debug_endpoints = "--enable-debug-endpoints" in flags
-        self.api_key = flags[flags.index("--api-key") + 1] if "--api-key" in flags else None
+        env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0", **(env or {})}
+        # the key the books are fetched with: --api-key's first, else vLLM's variable
+        self.api_key = (flags[flags.index("--api-key") + 1] if "--api-key" in flags
+                        else env.get("VLLM_API_KEY") or None)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYSERVE_LOG_STATS_INTERVAL": "0", **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", *command, "--host",
                                       "127.0.0.1", "--port", str(self.port), *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
