@@ -30,8 +30,8 @@ from pyserve.config import SchedulerConfig
 from pyserve.engine.ngram import PAUSE_TOKENS, next_lookahead, propose
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
-from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs, ScheduledSequence,
-                          SchedulerOutput)
+from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs,
+                          ScheduledSequence, SchedulerOutput)
 
 
 def scheduled_sequence(request: Request, num_new_tokens: int, block_ids: list[int],

@@ -49,4 +49,4 @@ def test_a_streamed_answer_to_head_has_no_body(loop):
     """Found by tests/fuzz/fuzz_http.py: a streamed response's chunked body was written to a
     HEAD request (no GET route streams today)."""
     exchange(b"HEAD /stream HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", 1, HTTPLimits(),
-             App(stream_on_head=True), loop)
+             App(), loop)
