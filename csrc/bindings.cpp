@@ -203,6 +203,10 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("silu_and_mul", &pyserve::silu_and_mul, py::arg("out"), py::arg("input"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("sample_tokens", &pyserve::cpu::sample_tokens, py::arg("out"), py::arg("logits"),
+        py::arg("greedy"), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
+        py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("uniforms") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("apply_token_bitmask", &pyserve::cpu::apply_token_bitmask, py::arg("logits"),
         py::arg("bitmask"), py::arg("rows"), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);

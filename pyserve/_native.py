@@ -30,3 +30,4 @@ fused_add_rms_norm = _C.fused_add_rms_norm
 rotary_embedding = _C.rotary_embedding
 silu_and_mul = _C.silu_and_mul
 apply_token_bitmask = _C.apply_token_bitmask  # CPU only (CUDA: xgrammar's torch op)
+sample_tokens = _C.sample_tokens  # CPU only (CUDA: the sampler's torch ops)

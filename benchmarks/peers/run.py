@@ -11,7 +11,11 @@ times with the workload's seeds (fresh prompts each time, so no cache carries ov
 repeat or workload to the next); the table shows the medians over repeats of output tokens/s, median TTFT and
 median TPOT, with each server's ratio to pyserve on the same workload, its start-up time and
 the peak RSS of its process tree. The machine's ceilings (benchmarks/ceilings.py) are measured
-first, before any server runs. Needs a quiet machine: anything else running skews every row.
+first, before any server runs, and the "roof" column puts each row against them: W1 (one
+stream) the fraction of the bandwidth roofline its TPOT reaches (the bytes of the server's
+weights a decode step reads / the measured read bandwidth, over the median TPOT), the other
+workloads their prompt + output tokens/s as a fraction of the float32 GEMM ceiling. Needs a
+quiet machine: anything else running skews every row.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ def _cell(m: dict, base: dict, key: str, fmt: str, width: int) -> str:
 def format_table(results: dict) -> str:
     """Every workload x server: medians, ratios to pyserve, start-up and peak memory."""
     head = (f"{'workload':<8} {'server':<17} {'out tok/s':>9} {'x':>6} {'TTFT ms':>9} {'x':>6} "
-            f"{'TPOT ms':>8} {'x':>6} {'start s':>7} {'RSS GiB':>7}  note")
+            f"{'TPOT ms':>8} {'x':>6} {'roof':>5} {'start s':>7} {'RSS GiB':>7}  note")
     lines = [head, "-" * len(head)]
     servers = results["servers"]
     for w in results["workloads"]:
@@ -174,10 +178,30 @@ def format_table(results: dict) -> str:
             rss = f"{s['peak_rss_gib']:.2f}" if s["peak_rss_gib"] is not None else "-"
             lines.append(f"{w:<8} {name:<17} {_cell(m, base, 'output_throughput', '.1f', 9)} "
                          f"{_cell(m, base, 'median_ttft_ms', '.0f', 9)} "
-                         f"{_cell(m, base, 'median_tpot_ms', '.1f', 8)} {start:>7} {rss:>7}  {note}")
+                         f"{_cell(m, base, 'median_tpot_ms', '.1f', 8)} "
+                         f"{_roof(results, s, w, m):>5} {start:>7} {rss:>7}  {note}")
     lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / pyserve's "
-                 "on the same workload (tok/s: higher is better; TTFT, TPOT: lower is better)")
+                 "on the same workload (tok/s: higher is better; TTFT, TPOT: lower is better); "
+                 "roof: W1 the bandwidth roofline's TPOT / the median TPOT, the others prompt + "
+                 "output tok/s / the GEMM ceiling's")
     return "\n".join(lines)
+
+
+def roofline(c: dict, spec) -> dict:
+    """The server's own bandwidth roofline: the bytes of its weights a decode step reads (its
+    GGUF's size, or the model's safetensors) over the measured read bandwidth."""
+    gb = (spec.weights.stat().st_size / 1e9 if spec.weights is not None and spec.weights.exists()
+          else c["weight_gb_per_decode_token"]) * spec.weight_scale
+    return {"weight_gb_per_decode_token": gb, "min_ms_per_token_single_stream": gb / c["read_bandwidth_gbs"] * 1000}
+
+
+def _roof(results: dict, server: dict, workload: str, m: dict) -> str:
+    c, own = results["machine"].get("ceilings"), server.get("roofline")
+    if c is None or own is None:
+        return "-"
+    if workload == "W1":
+        return f"{own['min_ms_per_token_single_stream'] / m['median_tpot_ms']:.0%}" if m["median_tpot_ms"] else "-"
+    return f"{m['total_token_throughput'] / c['max_tokens_per_s_compute']:.0%}"
 
 
 def draw_chart(results_path: Path, chart_path: Path) -> None:
@@ -230,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [w for w in workloads if spec.workloads is None or w.name in spec.workloads]
         if chosen:
             results["servers"][name] = bench_server(spec, chosen, args)
+            if "ceilings" in results["machine"]:
+                results["servers"][name]["roofline"] = roofline(results["machine"]["ceilings"], spec)
     results_path = args.out / "results.json"
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

@@ -45,6 +45,10 @@ class ServerSpec:
     install_hint: str = ""
     env: dict = field(default_factory=dict)
     workloads: tuple[str, ...] | None = None  # None: every workload asked for
+    # what one decode step reads, for the bandwidth roofline: a GGUF file (its size), or None
+    # for the model directory's safetensors, times weight_scale (bfloat16 weights: 0.5)
+    weights: Path | None = None
+    weight_scale: float = 1.0
 
 
 def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
@@ -72,17 +76,18 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
         ServerSpec("pyserve-bf16", "pyserve, --dtype bfloat16 (bfloat16 weights, float32 "
                    "activations and KV cache)",
                    lambda port: pyserve + ["--port", str(port), "--dtype", "bfloat16"],
-                   needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)"),
+                   needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)",
+                   weight_scale=0.5),
         ServerSpec("pyserve-q4", "pyserve --model Q4_1.gguf (what `python -m pyserve` serves by "
                    "default): the file llama-server reads, kept in Q4_1 / Q8_0, computing bitwise "
                    "what the float32 row computes",
                    lambda port: pyserve_q4 + ["--port", str(port)],
-                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint),
+                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint, weights=q4),
         ServerSpec("pyserve-q4-int8", "pyserve-q4 with --gguf-activations int8: Q4_1 layers "
                    "quantize their inputs to int8 for integer dot products, as llama.cpp does "
                    "(not bitwise; benchmarks/int8_accuracy.py measures how close)",
                    lambda port: pyserve_q4 + ["--port", str(port), "--gguf-activations", "int8"],
-                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint),
+                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint, weights=q4),
         ServerSpec("pyserve-noprefix", "pyserve, float32, --no-enable-prefix-caching (W4 only)",
                    lambda port: pyserve + ["--port", str(port), "--no-enable-prefix-caching"],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)",
@@ -93,7 +98,7 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                    env={"VLLM_CPU_KVCACHE_SPACE": "4"}),
         ServerSpec("llamacpp-q4", f"llama-server (llama.cpp from llama-cpp-python 0.3.36), "
                    f"the wheel's Q4_1 GGUF, -np {LLAMA_SLOTS} -c {LLAMA_CTX} -t {llama_threads}",
-                   llama(q4), needs=(LLAMA_SERVER, q4), install_hint=llama_hint),
+                   llama(q4), needs=(LLAMA_SERVER, q4), install_hint=llama_hint, weights=q4),
         ServerSpec("llamacpp-f32", f"llama-server, F32 GGUF converted from pyserve's float32 "
                    f"safetensors, -np {LLAMA_SLOTS} -c {LLAMA_CTX} -t {llama_threads}",
                    llama(f32), needs=(LLAMA_SERVER, f32), install_hint=llama_hint),
@@ -104,10 +109,11 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
             ServerSpec("pyserve-gguf", f"pyserve --model {gguf.name}: the file's own quantized "
                        "tensors where the CPU kernels read their type",
                        lambda port: pyserve_gguf + ["--port", str(port)],
-                       needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)"),
+                       needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
+                       weights=gguf),
             ServerSpec("llamacpp-gguf", f"llama-server on {gguf.name}, -np {LLAMA_SLOTS} "
                        f"-c {LLAMA_CTX} -t {llama_threads}", llama(gguf), needs=(LLAMA_SERVER, gguf),
-                       install_hint=llama_hint),
+                       install_hint=llama_hint, weights=gguf),
         ]
     return {s.name: s for s in specs}
 

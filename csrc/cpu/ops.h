@@ -77,4 +77,15 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 // each of the given rows, the logits of tokens not allowed become -inf, in place.
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& rows);
 
+// sample_tokens (cpu/sampling.cpp): one token a row of logits [S, V] float32 into out [S]
+// int64. A greedy row (greedy [S] bool) takes the first index of its maximum (torch.argmax).
+// A random row draws from softmax(logits / temperature) restricted by top_k ([S] int64; >= V
+// or <= 0: off), top_p ([S] float32; 1: off) and min_p ([S] float32; 0: off), as the
+// sampler's PyTorch steps define them, by inverting its CDF at uniforms[r] ([S] float64 in
+// [0, 1)).
+void sample_tokens(at::Tensor& out, const at::Tensor& logits, const at::Tensor& greedy,
+                   const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                   const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
+                   const std::optional<at::Tensor>& uniforms);
+
 }  // namespace pyserve::cpu

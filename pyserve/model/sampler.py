@@ -7,7 +7,10 @@
   random rows: / temperature -> top-k -> top-p -> softmax -> min-p -> sample
 
 Sampling inverts the cumulative distribution: one uniform u per row picks the first token whose
-running sum of weights (float64) passes u times their total. That draws from p as the
+running sum of weights (float64) passes u times their total. On the CPU the whole choice
+(argmax; or scaling, top-k, top-p, min-p and the draw) is one native call over all rows
+(_native.sample_tokens, which finds the top-k / top-p cut without sorting the vocabulary);
+CUDA runs the same steps as the PyTorch ops below. That draws from p as the
 exponential race (argmax of p / E, E ~ Exp(1)) does, with one random number a row instead of
 one per vocabulary entry, whose logarithms cost a CPU decode step of 16 rows a sixth of its
 time. A seeded request draws its u from its own generator, so its tokens do not depend on what
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyserve import _native
 from pyserve.step import SampledLogprobs, SamplerOutput, SamplingInputs
 from pyserve.structured.bitmask import apply_bitmask
 
@@ -185,13 +189,26 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default: torc
         logits = logits.index_put((rows, ids), values, accumulate=True)
     if meta.penalties is not None:
         logits = _apply_penalties(logits, meta.penalties)
-    chosen = logits.argmax(dim=-1)
-    if not meta.all_greedy:
-        weights, fallback = _weights(logits, meta)
-        u = _uniforms(meta.generators, default, logits.device)
-        drawn = _draw(weights, u, fallback)
-        chosen = torch.where(meta.greedy, chosen, drawn)
+    u = None if meta.all_greedy else _uniforms(meta.generators, default, logits.device)
+    if logits.is_cpu:
+        chosen = _choose_on_cpu(logits, meta, meta.greedy, u)
+    else:
+        chosen = logits.argmax(dim=-1)
+        if u is not None:
+            weights, fallback = _weights(logits, meta)
+            chosen = torch.where(meta.greedy, chosen, _draw(weights, u, fallback))
     return result_table(raw, chosen, meta.max_num_logprobs)
+
+
+def _choose_on_cpu(logits: torch.Tensor, meta: SamplingMetadata, greedy: torch.Tensor,
+                   u: torch.Tensor | None) -> torch.Tensor:
+    """The token of each row as the PyTorch steps of sample_on_device choose it (greedy rows:
+    argmax; the others: temperature, top-k, top-p, min-p, the inverse-CDF draw at u), in one
+    native call."""
+    chosen = torch.empty(logits.shape[0], dtype=torch.int64)
+    _native.sample_tokens(chosen, logits.contiguous(), greedy.contiguous(), meta.temperature,
+                          meta.top_k, meta.top_p, meta.min_p, u)
+    return chosen
 
 
 def _weights(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,8 +237,12 @@ def draft_verdicts(logits: torch.Tensor, meta: SamplingMetadata, drafts: torch.T
     i-th next token, the very tokens it would sample without speculation. A row without a
     draft (drafts < 0: the last row) just draws. logits [R, V] (no penalties: their history
     changes along the drafts) -> (accepted [R] bool, the token drawn [R])."""
-    weights, fallback = _weights(logits, meta)
-    drawn = _draw(weights, _uniforms(meta.generators, default, logits.device), fallback)
+    u = _uniforms(meta.generators, default, logits.device)
+    if logits.is_cpu:
+        drawn = _choose_on_cpu(logits, meta, torch.zeros(logits.shape[0], dtype=torch.bool), u)
+    else:
+        weights, fallback = _weights(logits, meta)
+        drawn = _draw(weights, u, fallback)
     return (drafts >= 0) & (drawn == drafts), drawn
 
 
