@@ -207,6 +207,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("greedy"), py::arg("temperature") = py::none(), py::arg("top_k") = py::none(),
         py::arg("top_p") = py::none(), py::arg("min_p") = py::none(), py::arg("uniforms") = py::none(),
         py::call_guard<py::gil_scoped_release>());
+  m.def("apply_penalties", &pyserve::cpu::apply_penalties, py::arg("logits"), py::arg("presence"),
+        py::arg("frequency"), py::arg("repetition"), py::arg("seen_ids"), py::arg("seen_offsets"),
+        py::arg("output_ids"), py::arg("output_offsets"), py::call_guard<py::gil_scoped_release>());
   m.def("apply_token_bitmask", &pyserve::cpu::apply_token_bitmask, py::arg("logits"),
         py::arg("bitmask"), py::arg("rows"), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);

@@ -31,3 +31,4 @@ rotary_embedding = _C.rotary_embedding
 silu_and_mul = _C.silu_and_mul
 apply_token_bitmask = _C.apply_token_bitmask  # CPU only (CUDA: xgrammar's torch op)
 sample_tokens = _C.sample_tokens  # CPU only (CUDA: the sampler's torch ops)
+apply_penalties = _C.apply_penalties  # CPU only

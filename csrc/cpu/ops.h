@@ -88,4 +88,14 @@ void sample_tokens(at::Tensor& out, const at::Tensor& logits, const at::Tensor& 
                    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& min_p,
                    const std::optional<at::Tensor>& uniforms);
 
+// apply_penalties (cpu/sampling.cpp): in place on logits [S, V] float32, row r's penalties
+// ([S] float32 each) over its token histories, ids[offsets[r]:offsets[r + 1]] (int64; seen:
+// prompt and output, repeats allowed; output: each repeat counts): repetition on each token
+// seen (positive logits divided by it, the others multiplied), then frequency times the
+// token's count and presence subtracted per output token; ids outside [0, V) are skipped.
+void apply_penalties(at::Tensor& logits, const at::Tensor& presence, const at::Tensor& frequency,
+                     const at::Tensor& repetition, const at::Tensor& seen_ids,
+                     const at::Tensor& seen_offsets, const at::Tensor& output_ids,
+                     const at::Tensor& output_offsets);
+
 }  // namespace pyserve::cpu

@@ -289,4 +289,54 @@ void sample_tokens(at::Tensor& out, const at::Tensor& logits, const at::Tensor& 
   });
 }
 
+void apply_penalties(at::Tensor& logits, const at::Tensor& presence, const at::Tensor& frequency,
+                     const at::Tensor& repetition, const at::Tensor& seen_ids,
+                     const at::Tensor& seen_offsets, const at::Tensor& output_ids,
+                     const at::Tensor& output_offsets) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "apply_penalties: logits must be a contiguous [S, V] float32 tensor");
+  const int64_t S = logits.size(0), V = logits.size(1);
+  for (const at::Tensor* t : {&presence, &frequency, &repetition})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == S,
+                "apply_penalties: each penalty must be [S] float32");
+  for (const auto& [ids, offsets] : {std::pair{&seen_ids, &seen_offsets}, std::pair{&output_ids, &output_offsets}}) {
+    TORCH_CHECK(ids->scalar_type() == at::kLong && ids->is_contiguous() && offsets->scalar_type() == at::kLong &&
+                    offsets->is_contiguous() && offsets->numel() == S + 1,
+                "apply_penalties: token ids must be int64 with [S + 1] int64 offsets");
+    const int64_t* o = offsets->data_ptr<int64_t>();
+    TORCH_CHECK(o[0] == 0 && o[S] == ids->numel(), "apply_penalties: offsets do not cover the ids");
+    for (int64_t r = 0; r < S; ++r) TORCH_CHECK(o[r] <= o[r + 1], "apply_penalties: offsets must not decrease");
+  }
+  float* x = logits.data_ptr<float>();
+  const float *pres = presence.data_ptr<float>(), *freq = frequency.data_ptr<float>(),
+              *rep = repetition.data_ptr<float>();
+  const int64_t *seen = seen_ids.data_ptr<int64_t>(), *seen_o = seen_offsets.data_ptr<int64_t>(),
+                *out = output_ids.data_ptr<int64_t>(), *out_o = output_offsets.data_ptr<int64_t>();
+  at::parallel_for(0, S, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> ids;
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = x + r * V;
+      // the dense form's order, so the results are bitwise its: where(l > 0, l / rep, l * rep)
+      // once per token seen, then (l - frequency * count) - presence per output token
+      ids.assign(seen + seen_o[r], seen + seen_o[r + 1]);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (const int64_t t : ids) {
+        if (t < 0 || t >= V) continue;
+        const float l = row[t];
+        row[t] = l > 0.0f ? l / rep[r] : l * rep[r];
+      }
+      ids.assign(out + out_o[r], out + out_o[r + 1]);
+      std::sort(ids.begin(), ids.end());
+      for (size_t i = 0; i < ids.size();) {
+        size_t j = i;
+        while (j < ids.size() && ids[j] == ids[i]) ++j;
+        const int64_t t = ids[i];
+        if (t >= 0 && t < V) row[t] = (row[t] - freq[r] * static_cast<float>(j - i)) - pres[r];
+        i = j;
+      }
+    }
+  });
+}
+
 }  // namespace pyserve::cpu

@@ -36,21 +36,42 @@ class SamplingMetadata:
     top_p: torch.Tensor | None  # [S]
     min_p: torch.Tensor | None  # [S]
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, token ids, values
-    penalties: tuple | None  # presence [S], frequency [S], repetition [S], output counts [S, V], seen [S, V]
+    penalties: Penalties | None
     generators: list[torch.Generator | None]
     max_num_logprobs: int  # -1: no row wants logprobs
     # structured outputs: (int32 bitmask [S, ceil(V / 32)], the rows it constrains), or None
     grammar: tuple[torch.Tensor, list[int]] | None = None
 
 
-def _counts(rows: list[list[int]], vocab: int) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width + 1), vocab, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-    counts = torch.zeros(len(rows), vocab + 1)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
-    return counts[:, :vocab]
+@dataclass
+class Penalties:
+    """Each row's penalties and the token histories they read, as flat id lists: row r's are
+    ids[offsets[r]:offsets[r + 1]] (a row without penalties has none)."""
+
+    presence: torch.Tensor  # [S] float32
+    frequency: torch.Tensor  # [S] float32
+    repetition: torch.Tensor  # [S] float32
+    seen_ids: torch.Tensor  # prompt and output tokens (repetition), int64, repeats allowed
+    seen_offsets: torch.Tensor  # [S + 1] int64
+    output_ids: torch.Tensor  # output tokens (frequency counts them, presence sees them), int64
+    output_offsets: torch.Tensor  # [S + 1] int64
+
+
+def _penalties(requests: list[SamplingInputs], device: torch.device) -> Penalties:
+    seen, output, seen_offsets, output_offsets = [], [], [0], [0]
+    for r in requests:
+        if r.params.penalized:
+            seen += r.prompt_token_ids
+            seen += r.output_token_ids
+            output += r.output_token_ids
+        seen_offsets.append(len(seen))
+        output_offsets.append(len(output))
+    f32, i64 = dict(dtype=torch.float32, device=device), dict(dtype=torch.int64, device=device)
+    return Penalties(torch.tensor([r.params.presence_penalty for r in requests], **f32),
+                     torch.tensor([r.params.frequency_penalty for r in requests], **f32),
+                     torch.tensor([r.params.repetition_penalty for r in requests], **f32),
+                     torch.tensor(seen, **i64), torch.tensor(seen_offsets, **i64),
+                     torch.tensor(output, **i64), torch.tensor(output_offsets, **i64))
 
 
 def build_metadata(requests: list[SamplingInputs], generators: list[torch.Generator | None],
@@ -71,14 +92,7 @@ def build_metadata(requests: list[SamplingInputs], generators: list[torch.Genera
             for token in (*r.eos_token_ids, *r.params.stop_token_ids):
                 if token < vocab:
                     bias_rows.append(row), bias_ids.append(token), bias_values.append(float("-inf"))
-    penalties = None
-    if any(p.penalized for p in params):
-        outputs = _counts([r.output_token_ids for r in requests], vocab)
-        seen = (outputs + _counts([r.prompt_token_ids for r in requests], vocab)) > 0
-        penalties = (torch.tensor([p.presence_penalty for p in params], **f32),
-                     torch.tensor([p.frequency_penalty for p in params], **f32),
-                     torch.tensor([p.repetition_penalty for p in params], **f32),
-                     outputs.to(device), seen.to(device))
+    penalties = _penalties(requests, device) if any(p.penalized for p in params) else None
     return SamplingMetadata(
         temperature=torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], **f32),
         greedy=torch.tensor(greedy, device=device),
@@ -97,12 +111,36 @@ def build_metadata(requests: list[SamplingInputs], generators: list[torch.Genera
     )
 
 
-def _apply_penalties(logits: torch.Tensor, penalties) -> torch.Tensor:
-    presence, frequency, repetition, counts, seen = penalties
-    rep = repetition[:, None].expand_as(logits)
+def _apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """Repetition (each token seen in the prompt or output: positive logits divided by it,
+    negative ones multiplied), then frequency and presence (each output token: minus frequency
+    times its count, minus presence): a new tensor, the raw logits stay for logprobs. On the
+    CPU one native pass over the histories; elsewhere the dense form, bitwise the same."""
+    if logits.is_cpu:
+        out = logits.contiguous().clone()
+        _native.apply_penalties(out, penalties.presence, penalties.frequency, penalties.repetition,
+                                penalties.seen_ids, penalties.seen_offsets, penalties.output_ids,
+                                penalties.output_offsets)
+        return out
+    return _apply_penalties_dense(logits, penalties)
+
+
+def _apply_penalties_dense(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    S, V = logits.shape
+
+    def rows_of(offsets: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(torch.arange(S, device=logits.device), offsets.diff())
+
+    seen = torch.zeros(S, V, dtype=torch.bool, device=logits.device)
+    seen[rows_of(penalties.seen_offsets), penalties.seen_ids] = True
+    counts = torch.zeros(S, V, device=logits.device)
+    ids = penalties.output_ids
+    counts.index_put_((rows_of(penalties.output_offsets), ids), torch.ones_like(ids, dtype=counts.dtype),
+                      accumulate=True)
+    rep = penalties.repetition[:, None].expand_as(logits)
     scaled = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, scaled, logits)
-    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+    return logits - penalties.frequency[:, None] * counts - penalties.presence[:, None] * (counts > 0)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:

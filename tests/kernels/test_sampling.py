@@ -155,3 +155,31 @@ def test_ties_at_the_cut_keep_the_lower_indices():
     got = _native_draw(logits, _meta(4000, 1.0, top_k=3),
                        torch.rand(4000, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
     assert set(got.tolist()) == {1, 2, 4}
+
+
+def test_penalties_are_bitwise_the_dense_formula():
+    """The native pass over token histories against the dense [S, V] form CUDA runs."""
+    from pyserve.model.sampler import _apply_penalties, _apply_penalties_dense, build_metadata
+    from pyserve.sampling_params import SamplingParams
+    from pyserve.step import SamplingInputs
+
+    g = torch.Generator().manual_seed(9)
+    V = 1000
+    rows = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7, presence_penalty=-0.4),
+            dict(), dict(repetition_penalty=0.8, frequency_penalty=-1.1, presence_penalty=0.3)]
+    inputs = []
+    for params in rows:
+        prompt = torch.randint(0, V, (300,), generator=g).tolist()
+        output = torch.randint(0, V, (120,), generator=g).tolist() + [7, 7, 7]  # repeats count
+        inputs.append(SamplingInputs(SamplingParams(temperature=1.0, **params), (2,), len(output),
+                                     prompt, output))
+    meta = build_metadata(inputs, [None] * len(rows), V, torch.device("cpu"))
+    logits = torch.randn(len(rows), V, generator=g) * 4
+    logits[0, :10] = 0.0
+    raw = logits.clone()
+    ours = _apply_penalties(logits, meta.penalties)
+    assert torch.equal(logits, raw)  # the raw logits stay (logprobs read them)
+    dense = _apply_penalties_dense(logits, meta.penalties)
+    assert torch.equal(ours.view(torch.int32), dense.view(torch.int32))
+    assert torch.equal(ours[2], raw[2])  # no penalties: untouched
+    assert not torch.equal(ours[3], raw[3])
