@@ -29,6 +29,7 @@ from pyserve.server.errors import (APIError, as_anthropic_error, error_body, err
 from pyserve.server.fd_limit import raise_open_file_limit
 from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
 from pyserve.server.load import ServerLoad
+from pyserve.server.malloc_trim import MallocTrimmer
 from pyserve.server.router import Router, normalize_path
 
 logger = logging.getLogger("pyserve")
@@ -256,6 +257,8 @@ async def serve(config: Config) -> int:
     state.router = _build_routes(state, engine)
     state.phase = "ready"
     gc.freeze()
+    trimmer = MallocTrimmer()  # glibc: hand the free pages inside malloc's arenas back
+    trimmer.start()
     logger.info("start-up: ready in %.2fs; serving %s on http://%s:%d", time.perf_counter() - t0,
                 engine.model_name, config.server.host, config.server.port)
 
@@ -267,6 +270,7 @@ async def serve(config: Config) -> int:
         state.phase = "dead"
         await asyncio.sleep(ENGINE_DEAD_EXIT_DELAY_S)
         server.close()
+        trimmer.stop()
         await engine.shutdown()
         return 1
     logger.info("shutting down: no new requests; up to %.0fs for running ones", grace["s"])
@@ -279,6 +283,7 @@ async def serve(config: Config) -> int:
     if aborted:
         logger.info("aborted %d requests at shutdown", aborted)
         await asyncio.sleep(0.2)  # let their final events reach the clients
+    trimmer.stop()
     await engine.shutdown()
     logger.info("shut down")
     return 0
