@@ -210,6 +210,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("apply_penalties", &pyserve::cpu::apply_penalties, py::arg("logits"), py::arg("presence"),
         py::arg("frequency"), py::arg("repetition"), py::arg("seen_ids"), py::arg("seen_offsets"),
         py::arg("output_ids"), py::arg("output_offsets"), py::call_guard<py::gil_scoped_release>());
+  m.def("logprob_columns", &pyserve::cpu::logprob_columns, py::arg("logits"), py::arg("targets"),
+        py::arg("k"), py::call_guard<py::gil_scoped_release>());
   m.def("apply_token_bitmask", &pyserve::cpu::apply_token_bitmask, py::arg("logits"),
         py::arg("bitmask"), py::arg("rows"), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);

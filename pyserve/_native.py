@@ -32,3 +32,4 @@ silu_and_mul = _C.silu_and_mul
 apply_token_bitmask = _C.apply_token_bitmask  # CPU only (CUDA: xgrammar's torch op)
 sample_tokens = _C.sample_tokens  # CPU only (CUDA: the sampler's torch ops)
 apply_penalties = _C.apply_penalties  # CPU only
+logprob_columns = _C.logprob_columns  # CPU only

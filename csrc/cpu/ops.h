@@ -98,4 +98,12 @@ void apply_penalties(at::Tensor& logits, const at::Tensor& presence, const at::T
                      const at::Tensor& seen_offsets, const at::Tensor& output_ids,
                      const at::Tensor& output_offsets);
 
+// logprob_columns (cpu/sampling.cpp): for logits [R, V] float32 and one target token a row
+// (targets [R] int64), without the [R, V] log_softmax: (the target's logprob [R] float32, its
+// rank [R] int64, 1 = the most likely, counted as the tokens of greater logprob plus one, the
+// k most likely tokens [R, k] int64, likeliest first, equal logits by lower index, and their
+// logprobs [R, k] float32). Logprobs are (x - max) - log(sum(exp(x - max))), torch's order.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_columns(
+    const at::Tensor& logits, const at::Tensor& targets, int64_t k);
+
 }  // namespace pyserve::cpu

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -75,8 +76,8 @@ Max first_max(const float* x, int64_t n) {
   return {best, 0};  // n == 0 (refused by the caller)
 }
 
-// w = exp(s - top) in place, exactly 0 below e^-87 (see the top of the file).
-void weights_in_place(float* s, int64_t V, float top) {
+// w = exp(s - top), exactly 0 below e^-87 (see the top of the file); w may be s.
+void weights(const float* s, float* w, int64_t V, float top) {
   int64_t i = 0;
 #ifdef PYSERVE_VEC
   using namespace simd;
@@ -84,16 +85,34 @@ void weights_in_place(float* s, int64_t V, float top) {
   for (; i + kLanes <= V; i += kLanes) {
     const vec d = sub(load(s + i), shift);
 #if PYSERVE_VEC == 16
-    store(s + i, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, floor, _CMP_GE_OQ), exp_clamped(d)));
+    store(w + i, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, floor, _CMP_GE_OQ), exp_clamped(d)));
 #else
-    store(s + i, _mm256_and_ps(exp_clamped(d), _mm256_cmp_ps(d, floor, _CMP_GE_OQ)));
+    store(w + i, _mm256_and_ps(exp_clamped(d), _mm256_cmp_ps(d, floor, _CMP_GE_OQ)));
 #endif
   }
 #endif
   for (; i < V; ++i) {
     const float d = s[i] - top;
-    s[i] = d >= kExpFloor ? std::exp(d) : 0.0f;
+    w[i] = d >= kExpFloor ? std::exp(d) : 0.0f;
   }
+}
+
+// The float64 sum of w[begin, end), four lanes at a time.
+double sum_of(const float* w, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  double sum = 0.0;
+#ifdef PYSERVE_VEC
+  __m256d sums[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+  for (; i + 8 <= end; i += 8) {
+    sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm_loadu_ps(w + i)));
+    sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm_loadu_ps(w + i + 4)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(sums[0], sums[1]));
+  sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+  for (; i < end; ++i) sum += w[i];
+  return sum;
 }
 
 // Buckets of positive float32 weights, in value order: the float's bits (which order positive
@@ -182,22 +201,8 @@ int64_t draw_from(const float* w, int64_t V, double u, int64_t fallback, std::ve
   block_sums.resize(blocks);
   double total = 0.0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBlock, end = std::min(V, begin + kBlock);
-    int64_t i = begin;
-    double sum = 0.0;
-#ifdef PYSERVE_VEC
-    __m256d sums[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
-    for (; i + 8 <= end; i += 8) {
-      sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm_loadu_ps(w + i)));
-      sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm_loadu_ps(w + i + 4)));
-    }
-    alignas(32) double lanes[4];
-    _mm256_store_pd(lanes, _mm256_add_pd(sums[0], sums[1]));
-    sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-#endif
-    for (; i < end; ++i) sum += w[i];
-    block_sums[b] = sum;
-    total += sum;
+    block_sums[b] = sum_of(w, b * kBlock, std::min(V, (b + 1) * kBlock));
+    total += block_sums[b];
   }
   const double target = u * total;
   double before = 0.0;
@@ -224,7 +229,7 @@ int64_t sample_row(float* s, int64_t V, int64_t k, float p, float min_p, double 
                    std::vector<double>& block_sums) {
   const Max top = first_max(s, V);
   if (std::isnan(top.value) || top.value == -std::numeric_limits<float>::infinity()) return top.index;
-  weights_in_place(s, V, top.value);
+  weights(s, s, V, top.value);
   if ((k > 0 && k < V) || p < 1.0f) top_k_top_p(s, V, k, p, sc);
   if (min_p > 0.0f) {
     // min_p is the floor itself: the top token weighs 1
@@ -337,6 +342,59 @@ void apply_penalties(at::Tensor& logits, const at::Tensor& presence, const at::T
       }
     }
   });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> logprob_columns(
+    const at::Tensor& logits, const at::Tensor& targets, int64_t k) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
+                  logits.size(1) > 0,
+              "logprob_columns: logits must be a contiguous non-empty [R, V] float32 tensor");
+  const int64_t R = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(targets.scalar_type() == at::kLong && targets.is_contiguous() && targets.numel() == R,
+              "logprob_columns: targets must be [R] int64");
+  TORCH_CHECK(k >= 0 && k <= V, "logprob_columns: k must be in [0, V]");
+  const int64_t* target = targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TORCH_CHECK(target[r] >= 0 && target[r] < V, "logprob_columns: target ", target[r], " is out of range");
+  at::Tensor picked = at::empty({R}, logits.options());
+  at::Tensor ranks = at::empty({R}, targets.options());
+  at::Tensor top_ids = at::empty({R, k}, targets.options());
+  at::Tensor top_values = at::empty({R, k}, logits.options());
+  const float* x = logits.data_ptr<float>();
+  float *picked_p = picked.data_ptr<float>(), *top_v = top_values.data_ptr<float>();
+  int64_t *ranks_p = ranks.data_ptr<int64_t>(), *top_i = top_ids.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> best;  // the row's k largest so far, largest first (ties: lower index)
+    std::vector<float> buf(V);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * V;
+      // log_softmax as torch orders it: (x - max) - log(sum(exp(x - max)))
+      const float top = first_max(row, V).value;
+      weights(row, buf.data(), V, top);
+      const double sum = sum_of(buf.data(), 0, V);
+      const float log_sum = static_cast<float>(std::log(sum));
+      auto logprob = [&](int64_t j) { return (row[j] - top) - log_sum; };
+      const float mine = logprob(target[r]);
+      picked_p[r] = mine;
+      int64_t above = 0;
+      for (int64_t j = 0; j < V; ++j) above += logprob(j) > mine;
+      ranks_p[r] = above + 1;
+      if (k == 0) continue;
+      best.clear();
+      for (int64_t j = 0; j < V; ++j) {
+        if (static_cast<int64_t>(best.size()) == k && !(row[j] > row[best.back()])) continue;
+        auto at = best.begin();
+        while (at != best.end() && row[*at] >= row[j]) ++at;
+        best.insert(at, j);
+        if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        top_i[r * k + c] = best[c];
+        top_v[r * k + c] = logprob(best[c]);
+      }
+    }
+  });
+  return {picked, ranks, top_ids, top_values};
 }
 
 }  // namespace pyserve::cpu

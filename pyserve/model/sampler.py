@@ -19,6 +19,7 @@ else is in the batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -180,10 +181,21 @@ def _draw(weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor) -> tor
     return torch.where(weights.gather(1, drawn[:, None]).squeeze(1) > 0, drawn, fallback)
 
 
+class TopLogprobs(NamedTuple):
+    values: torch.Tensor  # [S, k] logprobs, largest first
+    indices: torch.Tensor  # [S, k] token ids
+
+
 def logprob_columns(logits: torch.Tensor, targets: torch.Tensor, k: int):
     """The one logprob computation, for sampled and prompt rows alike: logits [S, V] and one
     target token a row -> (its logprob [S, 1], its rank [S, 1] (1 = the most likely), and the
-    k most likely (torch.topk's values and indices) or None for k = 0)."""
+    k most likely (values and indices, as torch.topk's) or None for k = 0). On the CPU one
+    native pass a row, without the [S, V] log_softmax (prompt logprobs have a row per prompt
+    token)."""
+    if logits.is_cpu:
+        picked, ranks, ids, values = _native.logprob_columns(logits.float().contiguous(),
+                                                             targets.long().contiguous(), k)
+        return picked[:, None], ranks[:, None], TopLogprobs(values, ids) if k > 0 else None
     logprobs = logits.log_softmax(dim=-1)
     picked = logprobs.gather(1, targets[:, None])
     ranks = (logprobs > picked).sum(dim=-1, keepdim=True) + 1

@@ -183,3 +183,31 @@ def test_penalties_are_bitwise_the_dense_formula():
     assert torch.equal(ours.view(torch.int32), dense.view(torch.int32))
     assert torch.equal(ours[2], raw[2])  # no penalties: untouched
     assert not torch.equal(ours[3], raw[3])
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+def test_logprob_columns_match_log_softmax(k):
+    g = torch.Generator().manual_seed(k)
+    R, V = 12, 49152
+    logits = torch.randn(R, V, generator=g) * 4
+    logits[3, 1000:2000] = float("-inf")  # banned tokens: logprob -inf, never in the top
+    targets = torch.randint(0, V, (R,), generator=g)
+    targets[0] = logits[0].argmax()
+    picked, ranks, ids, values = _native.logprob_columns(logits, targets, k)
+    reference = logits.log_softmax(dim=-1)
+    want = reference.gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(picked, want, rtol=0, atol=2e-5)
+    assert ranks[0] == 1
+    assert torch.equal(ranks, (reference > want[:, None]).sum(dim=-1) + 1)
+    if k:
+        top = reference.topk(k, dim=-1)
+        assert torch.equal(ids, top.indices)
+        torch.testing.assert_close(values, top.values, rtol=0, atol=2e-5)
+    else:
+        assert ids.shape == (R, 0)
+
+
+def test_logprob_columns_ties_take_the_lower_index_first():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 3.0, -1.0]])
+    _, ranks, ids, _ = _native.logprob_columns(logits, torch.tensor([4]), 2)
+    assert ids.tolist() == [[1, 3]] and ranks.tolist() == [1]
