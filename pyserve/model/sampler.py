@@ -7,14 +7,15 @@
   random rows: / temperature -> top-k -> top-p -> softmax -> min-p -> sample
 
 Sampling inverts the cumulative distribution: one uniform u per row picks the first token whose
-running sum of weights (float64) passes u times their total. On the CPU the whole choice
-(argmax; or scaling, top-k, top-p, min-p and the draw) is one native call over all rows
-(_native.sample_tokens, which finds the top-k / top-p cut without sorting the vocabulary);
-CUDA runs the same steps as the PyTorch ops below. That draws from p as the
+running sum of weights (float64) passes u times their total. That draws from p as the
 exponential race (argmax of p / E, E ~ Exp(1)) does, with one random number a row instead of
 one per vocabulary entry, whose logarithms cost a CPU decode step of 16 rows a sixth of its
 time. A seeded request draws its u from its own generator, so its tokens do not depend on what
-else is in the batch."""
+else is in the batch.
+
+On the CPU the penalties, the whole choice (argmax; or scaling, top-k, top-p, min-p and the
+draw) and the logprobs are native passes over each row (csrc/cpu/sampling.cpp; top-k / top-p
+find their cut without sorting the vocabulary); CUDA runs the PyTorch ops below."""
 
 from __future__ import annotations
 
@@ -132,12 +133,16 @@ def _apply_penalties_dense(logits: torch.Tensor, penalties: Penalties) -> torch.
     def rows_of(offsets: torch.Tensor) -> torch.Tensor:
         return torch.repeat_interleave(torch.arange(S, device=logits.device), offsets.diff())
 
+    def in_vocab(ids: torch.Tensor, offsets: torch.Tensor):  # the native pass skips the others
+        rows = rows_of(offsets)
+        keep = (ids >= 0) & (ids < V)
+        return rows[keep], ids[keep]
+
     seen = torch.zeros(S, V, dtype=torch.bool, device=logits.device)
-    seen[rows_of(penalties.seen_offsets), penalties.seen_ids] = True
+    seen[in_vocab(penalties.seen_ids, penalties.seen_offsets)] = True
     counts = torch.zeros(S, V, device=logits.device)
-    ids = penalties.output_ids
-    counts.index_put_((rows_of(penalties.output_offsets), ids), torch.ones_like(ids, dtype=counts.dtype),
-                      accumulate=True)
+    rows, ids = in_vocab(penalties.output_ids, penalties.output_offsets)
+    counts.index_put_((rows, ids), torch.ones_like(ids, dtype=counts.dtype), accumulate=True)
     rep = penalties.repetition[:, None].expand_as(logits)
     scaled = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, scaled, logits)

@@ -171,6 +171,7 @@ def test_penalties_are_bitwise_the_dense_formula():
     for params in rows:
         prompt = torch.randint(0, V, (300,), generator=g).tolist()
         output = torch.randint(0, V, (120,), generator=g).tolist() + [7, 7, 7]  # repeats count
+        output.append(V + 3)  # beyond the model's vocabulary (a larger tokenizer's): skipped
         inputs.append(SamplingInputs(SamplingParams(temperature=1.0, **params), (2,), len(output),
                                      prompt, output))
     meta = build_metadata(inputs, [None] * len(rows), V, torch.device("cpu"))
