@@ -186,6 +186,10 @@ def _cache_flags(g) -> None:
                    "--kv-cache-memory; lru (vLLM's): every block once before any cached prefix "
                    "is evicted, which keeps the most prefixes and writes the whole cache. auto: "
                    "resident on the CPU, lru on a GPU (whose cache memory is reserved anyway)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="keep every layer's KV for the whole context; by default the blocks "
+                   "of sliding-window layers (Gemma 2/3, Mistral) that fall out of the window "
+                   "go back to the pool")
 
 
 def _scheduler_flags(g) -> None:

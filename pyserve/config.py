@@ -58,6 +58,9 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; None: 4 GiB on the CPU, measured on a GPU
     enable_prefix_caching: bool = True
     kv_block_order: str = "auto"  # "resident" on the CPU, "lru" on a GPU (see --kv-block-order)
+    # one block table for every layer, even where sliding-window layers could free blocks
+    # (kv/groups.py)
+    disable_hybrid_kv_cache_manager: bool = False
 
 
 # Speculation pays while a step reads weights more than it computes: on the CPU one stream's

@@ -72,6 +72,9 @@ class ScheduledSequence:
     # model computes before proposing (what its KV cache lacks of them); None: given drafts
     draft_context: list[int] | None = None
     draft_context_start: int = 0
+    # the hybrid KV layout (kv/groups.py): the tables of the KV groups after the first, each
+    # as long as block_ids (a sliding group's out-of-window entries name the null block)
+    group_block_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -152,13 +155,15 @@ def dummy_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> lis
 
 
 def dummy_step(lengths: list[int], block_tables: list[list[int]],
-               pooled: bool = False) -> SchedulerOutput:
-    """Prompts of token 0 with the given lengths and block tables, each sampled greedily once
-    (pooled instead, for an encoder, which has no logits): the one dummy batch of the
-    start-up profiling and warm-up forwards."""
+               pooled: bool = False, group_tables: list[list[list[int]]] | None = None) -> SchedulerOutput:
+    """Prompts of token 0 with the given lengths and block tables (and, under the hybrid KV
+    layout, each one's other groups' tables), each sampled greedily once (pooled instead, for
+    an encoder, which has no logits): the one dummy batch of the start-up profiling and
+    warm-up forwards."""
     greedy = SamplingParams(temperature=0.0, max_tokens=1)
     return SchedulerOutput([
         ScheduledSequence(f"dummy-{i}", [0] * n, 0, blocks,
                           None if pooled else SamplingInputs(greedy, (), 0),
-                          pooling=PoolingInputs("LAST", True, True) if pooled else None)
+                          pooling=PoolingInputs("LAST", True, True) if pooled else None,
+                          group_block_ids=group_tables[i] if group_tables else [])
         for i, (n, blocks) in enumerate(zip(lengths, block_tables))])

@@ -37,6 +37,7 @@ HONOURED: dict[str, str | None] = {
     "--gpu-memory-utilization": "config.cache.gpu_memory_utilization",
     "--kv-cache-memory-bytes": "config.cache.kv_cache_memory",
     "--enable-prefix-caching": "config.cache.enable_prefix_caching",
+    "--disable-hybrid-kv-cache-manager": "config.cache.disable_hybrid_kv_cache_manager",
     "--max-num-seqs": "config.scheduler.max_num_seqs",
     "--max-num-batched-tokens": "config.scheduler.max_num_batched_tokens",
     "--scheduling-policy": "config.scheduler.scheduling_policy",

@@ -11,6 +11,7 @@ from pyserve.arith import cdiv
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
 from pyserve.errors import InvalidRequest
+from pyserve.kv.groups import KVGroups
 from pyserve.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -33,6 +34,14 @@ class Limits:
     block_size: int
     max_logprobs: int  # -1: the vocabulary
     priority_scheduling: bool
+    kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py)
+    chunk: int = 0  # --max-num-batched-tokens: what a sliding group holds beyond its window
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks a sequence of num_tokens holds at most."""
+        if self.kv_groups is None:
+            return cdiv(num_tokens, self.block_size)
+        return self.kv_groups.blocks_for_sequence(num_tokens, self.block_size, self.chunk)
 
 
 def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, limits: Limits) -> int:
@@ -54,7 +63,7 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
                              f"tokens. However, you requested {n + max_tokens} tokens ({n} in the "
                              f"messages, {max_tokens} in the completion). Please reduce the length "
                              "of the messages or completion (max_tokens).")
-    if cdiv(n + max_tokens, limits.block_size) > limits.num_blocks:
+    if limits.blocks_for(n + max_tokens) > limits.num_blocks:
         raise InvalidRequest(None, f"{n + max_tokens} tokens cannot fit in the whole KV cache "
                              f"({limits.num_blocks * limits.block_size} tokens)")
     invalid = [t for t in params.logit_bias or () if not 0 <= t < vocab]
@@ -183,7 +192,7 @@ def admit_pooling(limits: Limits, request_id: str, prompt_token_ids: list[int], 
         raise InvalidRequest("input", f"This model's maximum context length is {max_len} tokens. "
                              f"However, you requested {n} tokens in the input for embedding "
                              "generation. Please reduce the length of the input.")
-    if cdiv(n, limits.block_size) > limits.num_blocks:
+    if limits.blocks_for(n) > limits.num_blocks:
         raise InvalidRequest("input", f"{n} tokens cannot fit in the whole KV cache "
                              f"({limits.num_blocks * limits.block_size} tokens)")
     if priority != 0 and not limits.priority_scheduling:

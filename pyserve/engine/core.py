@@ -88,7 +88,15 @@ class EngineCore:
                     " per rank" if tp > 1 else "", num_blocks, bs, num_blocks * bs,
                     num_blocks * plan.bytes_per_block / 1024**3, plan.bytes_per_block,
                     self.max_model_len, num_blocks / plan.blocks_per_sequence, plan.block_order)
-        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order)
+        groups = plan.kv_groups
+        if groups is not None:
+            logger.info("KV cache layout: hybrid, %d groups of %d layers (%s); blocks of a "
+                        "sliding group that fall out of its window go back to the pool "
+                        "(--disable-hybrid-kv-cache-manager keeps them)", groups.num_groups,
+                        groups.group_size, ", ".join(
+                            "global" if w is None else f"window {w}" for w in groups.windows))
+        self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order,
+                                 groups)
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         spec = config.scheduler.speculative_config
         if spec is not None:
@@ -104,7 +112,8 @@ class EngineCore:
         self.grammars = GrammarCompiler(self.tokenizer, plan.vocab_size, tuple(sorted(eos)))
         self.admission = Admission(
             Limits(plan.vocab_size, self.max_model_len, num_blocks, bs, config.model.max_logprobs,
-                   config.scheduler.scheduling_policy == "priority"),
+                   config.scheduler.scheduling_policy == "priority", groups,
+                   config.scheduler.max_num_batched_tokens),
             tuple(sorted(eos)), self.tokenizer, staged_siblings=self.kv.enable_prefix_caching,
             grammars=self.grammars, reasoning_markers=reasoning_markers(
                 self.tokenizer, config.server.reasoning_parser))
@@ -372,7 +381,8 @@ class EngineCore:
             if not ids:
                 return 0.0
             return self.executor.profile_run(
-                dummy_step(lengths[:len(ids)], [self.kv.block_ids(i) for i in ids], self.is_encoder))
+                dummy_step(lengths[:len(ids)], [self.kv.block_ids(i) for i in ids], self.is_encoder,
+                           [self.kv.group_block_ids(i) for i in ids]))
         finally:
             for i in ids:
                 self.kv.forget(i)

@@ -121,6 +121,9 @@ class Scheduler:
         sequences = [scheduled_sequence(r, n, self.kv.block_ids(r.request_id),
                                         self._drafts.get(r.request_id), draft_model)
                      for r, n in scheduled]
+        if self.kv.num_groups > 1:  # the hybrid layout: each KV group's table (kv/groups.py)
+            for seq in sequences:
+                seq.group_block_ids = self.kv.group_block_ids(seq.request_id)
         finished = []
         if sequences:
             finished, self._finished_ids = self._finished_ids, []
@@ -134,7 +137,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n):
+            while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n,
+                                             request.num_computed_tokens):
                 victim = max(self.running, key=self._key)
                 self._preempt(victim)
                 preempted = True
@@ -214,7 +218,8 @@ class Scheduler:
         else:
             drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
         if not drafts or not self.kv.allocate_slots(request.request_id,
-                                                    request.num_computed_tokens + 1 + len(drafts)):
+                                                    request.num_computed_tokens + 1 + len(drafts),
+                                                    request.num_computed_tokens):
             return []
         return drafts
 

@@ -42,6 +42,9 @@ def _micro_batch(meta: AttentionMetadata, starts: list[int], first: int, end: in
     t0, t1 = starts[first], starts[end]
     sub = AttentionMetadata(meta.slot_mapping[t0:t1], meta.block_tables[first:end],
                             meta.query_start_loc[first:end + 1] - t0, meta.seq_lens[first:end])
+    if meta.group_block_tables is not None:
+        sub.group_slot_mapping = meta.group_slot_mapping[:, t0:t1]
+        sub.group_block_tables = meta.group_block_tables[:, first:end]
     return MicroBatch(slice(t0, t1), sub)
 
 

@@ -20,6 +20,7 @@ from pyserve.errors import ModelLoadError
 from pyserve.executor.shard import (ShardSpec, check_pipeline_parallel, check_tensor_parallel,
                                     largest_stage_layers)
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
+from pyserve.kv.groups import KVGroups, plan_kv_groups
 from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
 from pyserve.model.layers.parallel import kv_heads_per_rank
@@ -59,11 +60,15 @@ class EnginePlan:
     pooler: ModelPooler  # how /v1/embeddings pools this model
     is_encoder: bool = False  # an embedding-only model: bidirectional attention, no KV cache
     hidden_size: int = 0
-
+    kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
 
     @property
     def blocks_per_sequence(self) -> int:
-        return cdiv(self.max_model_len, self.block_size)
+        """Blocks one sequence of --max-model-len holds at most."""
+        if self.kv_groups is None:
+            return cdiv(self.max_model_len, self.block_size)
+        return self.kv_groups.blocks_for_sequence(
+            self.max_model_len, self.block_size, self.config.scheduler.max_num_batched_tokens)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -184,15 +189,19 @@ def resolve(config: Config) -> EnginePlan:
                              "use --device cpu")
     dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
     block_size, sched = config.cache.block_size, config.scheduler
+    kv_groups = None
     if encoder:  # no KV cache: blocks only bound the tokens one step holds
         per_block = 0
         num_blocks = cdiv(sched.max_num_batched_tokens, block_size) + sched.max_num_seqs
     else:
+        kv_groups = hybrid_kv_groups(config, arch, max_model_len, encoder)
         # a rank holds its stage's layers: the largest stage's bound the bytes per block
         per_block = KVLayout(largest_stage_layers(arch.num_layers, pp),
                              kv_heads_per_rank(arch.num_kv_heads, tp),
-                             arch.head_dim, dtype).bytes_per_block(block_size)
-        num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len)
+                             arch.head_dim, dtype, kv_groups).bytes_per_block(block_size)
+        need = (cdiv(max_model_len, block_size) if kv_groups is None else
+                kv_groups.blocks_for_sequence(max_model_len, block_size, sched.max_num_batched_tokens))
+        num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len, need)
     graph_sizes = ()
     if device.type == "cuda" and not config.device.enforce_eager and not encoder:
         graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
@@ -209,12 +218,29 @@ def resolve(config: Config) -> EnginePlan:
                       source.gguf_path, config.cache.gpu_memory_utilization,
                       sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder,
                       pipeline_parallel_size=pp,
-                      pipeline_micro_batches=config.parallel.pipeline_micro_batches)
+                      pipeline_micro_batches=config.parallel.pipeline_micro_batches,
+                      kv_groups=kv_groups)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,
                       _eos_ids(arch, source.path, config.model.generation_config), block_size,
-                      per_block, num_blocks, order, weights, shard, pooler, encoder, arch.hidden_size)
+                      per_block, num_blocks, order, weights, shard, pooler, encoder, arch.hidden_size,
+                      kv_groups)
+
+
+def hybrid_kv_groups(config: Config, arch, max_model_len: int, encoder: bool) -> KVGroups | None:
+    """The hybrid KV layout (kv/groups.py) of a model with sliding-window layers whose window
+    is shorter than --max-model-len; None (one plain group) otherwise, with
+    --disable-hybrid-kv-cache-manager, and where the layout is not built: pipeline stages,
+    whose caches hold a share of the layers, and a draft model, which reads the target's
+    first table for its own KV cache."""
+    spec = config.scheduler.speculative_config
+    if (encoder or config.cache.disable_hybrid_kv_cache_manager
+            or config.parallel.pipeline_parallel_size > 1
+            or (spec is not None and spec.method == "draft_model")):
+        return None
+    groups = plan_kv_groups([arch.layer_window(i) for i in range(arch.num_layers)], max_model_len)
+    return groups if groups.frees_windows else None
 
 
 def resolve_draft(plan: EnginePlan) -> ShardSpec | None:
@@ -263,13 +289,12 @@ def check_pipeline_setup(arch, pp: int, encoder: bool, device: torch.device,
 
 
 def _cpu_num_blocks(config: Config, device: torch.device, per_block: int,
-                    max_model_len: int) -> int | None:
+                    max_model_len: int, need: int) -> int | None:
     """The KV cache's blocks from its byte budget; None on a GPU without --kv-cache-memory
-    (measured there after loading)."""
+    (measured there after loading). need: the blocks one sequence of max_model_len holds."""
     if device.type != "cpu" and config.cache.kv_cache_memory is None:
         return None
     block_size = config.cache.block_size
-    need = cdiv(max_model_len, block_size)
     budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
     num_blocks = budget // per_block
     if num_blocks < need:

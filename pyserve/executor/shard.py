@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from pyserve.kv.cache import KVLayout, allocate_kv_caches
+from pyserve.kv.groups import KVGroups
 from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
@@ -48,6 +49,7 @@ class ShardSpec:
     encoder: bool = False  # an encoder (BERT): no KV cache; num_blocks only bounds a step's tokens
     pipeline_parallel_size: int = 1  # stages; world size tensor_parallel_size * this
     pipeline_micro_batches: int = 1  # at most this many per step, so that stages overlap
+    kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
 
     @property
     def world_size(self) -> int:
@@ -106,7 +108,7 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
     if num_blocks is None:
         num_blocks = _measured_num_blocks(model, spec, tp, device, layout)
     kv_caches = allocate_kv_caches(layout, num_blocks, spec.block_size, device)
-    runner = ModelRunner(model, kv_caches, spec.block_size, device, spec.seed)
+    runner = ModelRunner(model, kv_caches, spec.block_size, device, spec.seed, num_blocks)
     if device.type == "cuda" and spec.cuda_graph_sizes:
         from pyserve.model.cuda_graphs import capture_decode_graphs
 
@@ -119,7 +121,8 @@ def kv_layout(spec: ShardSpec, tp_size: int, stage: PipelineStage = WHOLE_MODEL)
     """One rank's KV caches: its stage's layers, its share of the KV heads."""
     arch = spec.arch
     layers = sum(stage.owns_layer(i) for i in range(arch.num_layers))
-    return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim, spec.dtype)
+    return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim, spec.dtype,
+                    spec.kv_groups)
 
 
 def largest_stage_layers(num_layers: int, pp_size: int) -> int:
@@ -149,7 +152,10 @@ def _measured_num_blocks(model, spec: ShardSpec, tp: TPGroup, device: torch.devi
         num_blocks = int(counts.min())
         plan = memory.KVPlan(num_blocks, num_blocks * per_block, per_block)
     logger.info("%s", memory.memory_table(profile, spec.gpu_memory_utilization, plan))
-    memory.check_fits(plan, profile, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len)
+    need = (None if spec.kv_groups is None else spec.kv_groups.blocks_for_sequence(
+        spec.max_model_len, spec.block_size, spec.max_num_batched_tokens))
+    memory.check_fits(plan, profile, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
+                      need)
     return num_blocks
 
 
@@ -165,7 +171,9 @@ def _profiling_forward(model, spec: ShardSpec, tp: TPGroup, device: torch.device
         caches = allocate_kv_caches(layout, blocks_each * len(lengths), bs, device)
         tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(lengths))]
         runner = ModelRunner(model, caches, bs, device, spec.seed)
-        prepared = runner.prepare(dummy_step(lengths, tables))
+        # every KV group on the same blocks: what a dummy forward writes is never read
+        others = layout.kv_groups.num_groups - 1
+        prepared = runner.prepare(dummy_step(lengths, tables, group_tables=[[t] * others for t in tables]))
         if tp.rank == 0:
             runner.run(prepared)
         else:  # only rank 0 samples

@@ -48,9 +48,10 @@ def plan_kv_cache(profile: MemoryProfile, utilization: float, bytes_per_block: i
 
 
 def check_fits(plan: KVPlan, profile: MemoryProfile, utilization: float, block_size: int,
-               max_model_len: int) -> None:
-    """Refuses a KV cache that cannot hold one sequence of --max-model-len, naming the flags."""
-    need = cdiv(max_model_len, block_size)
+               max_model_len: int, need: int | None = None) -> None:
+    """Refuses a KV cache that cannot hold one sequence of --max-model-len, naming the flags.
+    need: the blocks that sequence holds (default: one per block_size tokens)."""
+    need = cdiv(max_model_len, block_size) if need is None else need
     if plan.num_blocks >= need:
         return
     raise ModelLoadError(

@@ -66,8 +66,11 @@ class DecodeGraphs:
         on = dict(device=device)
         self.input_ids = torch.zeros(top, dtype=torch.int64, **on)
         self.positions = torch.zeros(top, dtype=torch.int64, **on)
-        self.slot_mapping = torch.full((top,), -1, dtype=torch.int64, **on)
-        self.block_tables = torch.zeros(top, max_blocks_per_seq, dtype=torch.int32, **on)
+        # every KV group's slots and tables (the hybrid layout, kv/groups.py); one group: [0]
+        self.num_groups = 1 + max((getattr(c, "group", 0) for c in kv_caches), default=0)
+        self.group_slots = torch.full((self.num_groups, top), -1, dtype=torch.int64, **on)
+        self.group_tables = torch.zeros(self.num_groups, top, max_blocks_per_seq, dtype=torch.int32, **on)
+        self.slot_mapping, self.block_tables = self.group_slots[0], self.group_tables[0]
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, **on)  # one token each
         self.seq_lens = torch.ones(top, dtype=torch.int32, **on)
         self.outputs: dict[int, torch.Tensor] = {}
@@ -75,6 +78,9 @@ class DecodeGraphs:
     def _forward(self, size: int) -> None:
         meta = AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size],
                                  self.query_start_loc[:size + 1], self.seq_lens[:size])
+        if self.num_groups > 1:
+            meta.group_slot_mapping = self.group_slots[:, :size]
+            meta.group_block_tables = self.group_tables[:, :size]
         self.outputs[size] = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, meta)
 
     @torch.inference_mode()
@@ -103,16 +109,20 @@ class DecodeGraphs:
         copy = lambda dst, src: dst.copy_(src, non_blocking=True)
         copy(self.input_ids[:n], inputs.input_ids)
         copy(self.positions[:n], inputs.positions)
-        copy(self.slot_mapping[:n], meta.slot_mapping)
         copy(self.seq_lens[:n], meta.seq_lens)
-        self.block_tables[:n, width:].zero_()
-        copy(self.block_tables[:n, :width], meta.block_tables)
+        self.group_tables[:, :n, width:].zero_()
+        if meta.group_block_tables is None:
+            copy(self.slot_mapping[:n], meta.slot_mapping)
+            copy(self.block_tables[:n, :width], meta.block_tables)
+        else:
+            copy(self.group_slots[:, :n], meta.group_slot_mapping)
+            copy(self.group_tables[:, :n, :width], meta.group_block_tables)
         if size > n:  # padding rows: no KV write, a one-token context at block 0
             self.input_ids[n:size].zero_()
             self.positions[n:size].zero_()
-            self.slot_mapping[n:size].fill_(-1)
+            self.group_slots[:, n:size].fill_(-1)
             self.seq_lens[n:size].fill_(1)
-            self.block_tables[n:size].zero_()
+            self.group_tables[:, n:size].zero_()
         self.backend.replay(size)
         return self.outputs[size][:n]
 

@@ -48,9 +48,14 @@ class ForwardInputs:
             return self
         move = lambda t: t.to(device, non_blocking=True)
         m = self.meta
-        return ForwardInputs(move(self.input_ids), move(self.positions),
-                             AttentionMetadata(move(m.slot_mapping), move(m.block_tables),
-                                               move(m.query_start_loc), move(m.seq_lens)),
+        if m.group_block_tables is None:
+            meta = AttentionMetadata(move(m.slot_mapping), move(m.block_tables),
+                                     move(m.query_start_loc), move(m.seq_lens))
+        else:
+            slots, tables = move(m.group_slot_mapping), move(m.group_block_tables)
+            meta = AttentionMetadata(slots[0], tables[0], move(m.query_start_loc),
+                                     move(m.seq_lens), slots, tables)
+        return ForwardInputs(move(self.input_ids), move(self.positions), meta,
                              move(self.logits_rows))
 
 
@@ -101,10 +106,14 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches, block_size: int, device: torch.device,
-                 seed: int):
+                 seed: int, num_blocks: int | None = None):
+        """num_blocks: the pool's (default: the caches'; they may hold one more, the hybrid
+        layout's null block, kv/groups.py)."""
         self.model = model
         self.kv_caches = kv_caches
-        self.num_blocks = kv_caches[0][0].shape[0] if kv_caches else 0
+        if num_blocks is None:
+            num_blocks = kv_caches[0][0].shape[0] if kv_caches else 0
+        self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
         self.vocab_size = model.arch.vocab_size
@@ -180,6 +189,8 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         )
+        if seqs and seqs[0].group_block_ids:
+            meta = _with_group_tables(meta, seqs, bs)
         logits_rows = sample_rows + [row for p in prompt_lp for row in p.rows] + verify_rows
         inputs = ForwardInputs(torch.tensor(input_ids, dtype=torch.int64),
                                torch.tensor(positions, dtype=torch.int64), meta,
@@ -284,6 +295,22 @@ class ModelRunner:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
         return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
                                  *ModelRunner._verified(step.verified, step.batch, step.seeded_states))
+
+
+def _with_group_tables(meta: AttentionMetadata, seqs, block_size: int) -> AttentionMetadata:
+    """The step's metadata with every KV group's tables and slots (the hybrid layout,
+    kv/groups.py): the groups' tables stacked, each token's slot read from its group's table."""
+    num_groups = 1 + len(seqs[0].group_block_ids)
+    tables = torch.zeros(num_groups, *meta.block_tables.shape, dtype=torch.int32)
+    tables[0] = meta.block_tables
+    for row, s in enumerate(seqs):
+        for g, table in enumerate(s.group_block_ids, 1):
+            tables[g, row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+    starts = meta.query_start_loc
+    rows = torch.repeat_interleave(torch.arange(len(seqs)), (starts[1:] - starts[:-1]).long())
+    positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in seqs])
+    slots = tables[:, rows, positions // block_size].long() * block_size + positions % block_size
+    return AttentionMetadata(slots[0], tables[0], meta.query_start_loc, meta.seq_lens, slots, tables)
 
 
 @torch.inference_mode()

@@ -37,3 +37,8 @@ def assert_same_step(sent, received) -> None:
     for name in ("slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
         a, b = getattr(sent.meta, name), getattr(received.meta, name)
         assert a.dtype == b.dtype and torch.equal(a, b)
+    for name in ("group_slot_mapping", "group_block_tables"):
+        a, b = getattr(sent.meta, name), getattr(received.meta, name)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a, b)

@@ -131,13 +131,20 @@ def test_step_channel_round_trip():
                                            torch.tensor([0, 100, 200, 300], dtype=torch.int32),
                                            torch.tensor([100, 150, 120], dtype=torch.int32)),
                          torch.tensor([99, 199, 299]))
-    got = []
-    t = threading.Thread(target=lambda: got.append(receiver.receive()))
-    t.start()
-    sender.send(sent)
-    t.join(5)
-    (received,) = got
-    assert_same_step(sent, received)
+    # the hybrid KV layout: three groups' slots and tables
+    slots = torch.arange(900).view(3, 300) * 5
+    tables = torch.arange(36, dtype=torch.int32).view(3, 3, 4)
+    grouped = ForwardInputs(sent.input_ids, sent.positions,
+                            AttentionMetadata(slots[0], tables[0], sent.meta.query_start_loc,
+                                              sent.meta.seq_lens, slots, tables), sent.logits_rows)
+    for step in (sent, grouped):
+        got = []
+        t = threading.Thread(target=lambda: got.append(receiver.receive()))
+        t.start()
+        sender.send(step)
+        t.join(5)
+        (received,) = got
+        assert_same_step(step, received)
 
 
 def test_speculative_decoding_at_tp2_equals_plain_decoding(tiny_model_factory):

@@ -77,3 +77,61 @@ def test_batches_beyond_the_largest_graph_run_eagerly():
     prompts = [[5, 6, 7]] * 3
     decode = step([(p, [i], 2, 3) for i, p in enumerate(prompts)])
     assert graphs.bucket(decode) is None
+
+
+def test_padded_replay_with_hybrid_kv_groups_matches_the_plain_forward():
+    """A sliding layer and a global one in KV groups of their own (kv/groups.py): the graph
+    buffers carry both groups' slots and tables, null-block entries included."""
+    import dataclasses
+
+    from pyserve.kv.cache import KVLayout, allocate_kv_caches
+    from pyserve.kv.groups import plan_kv_groups
+    from pyserve.step import SamplingInputs, ScheduledSequence, SchedulerOutput
+    from pyserve.sampling_params import SamplingParams
+
+    arch = dataclasses.replace(tiny_arch(), sliding_window=8,
+                               layer_types=("sliding_attention", "full_attention"))
+    groups = plan_kv_groups([arch.layer_window(i) for i in range(2)], MAX_LEN)
+    assert groups.num_groups == 2
+    layout = KVLayout(2, arch.num_kv_heads, arch.head_dim, torch.float32, groups)
+
+    model = load_model(arch, Path("."), "dummy", torch.float32, torch.device("cpu"), MAX_LEN, seed=0)
+
+    def runner():
+        caches = allocate_kv_caches(layout, NUM_BLOCKS, BLOCK_SIZE, torch.device("cpu"))
+        for c in caches:  # left uninitialised; zeroed so that the caches compare whole
+            c.key.zero_(), c.value.zero_()
+        return ModelRunner(model, caches, BLOCK_SIZE, torch.device("cpu"), 0, NUM_BLOCKS)
+
+    plain, graphed = runner(), runner()
+    graphed.graphs = DecodeGraphs(graphed.model, graphed.kv_caches, (1, 4), MAX_LEN // BLOCK_SIZE,
+                                  torch.device("cpu"), EagerReplay())
+    graphed.graphs.capture_all()
+    greedy = SamplingInputs(SamplingParams(temperature=0.0), (), 0)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in (40, 23, 35)]
+    full = [[10 * i + j for j in range(4)] for i in range(3)]
+    window = [[24 + 8 * i + j for j in range(4)] for i in range(3)]  # below NUM_BLOCKS (48)
+
+    def batch(first):
+        seqs = []
+        for p, f, w in zip(prompts, full, window):
+            start = len(p) - 1 if not first else 0
+            sliding = [NUM_BLOCKS if (b + 1) * BLOCK_SIZE <= start - 7 else w[b] for b in range(len(f))]
+            seqs.append(ScheduledSequence("r", p[start:], start, f, greedy, group_block_ids=[sliding]))
+        return SchedulerOutput(seqs)
+
+    prefill = plain.prepare(batch(True)).inputs
+    for r in (plain, graphed):
+        r.execute_model(prefill)
+    for _ in range(3):
+        for p in prompts:
+            p.append(int(torch.randint(3, 320, (1,), generator=gen)))
+        decode = plain.prepare(batch(False)).inputs
+        assert decode.meta.group_block_tables.shape[0] == 2
+        assert (decode.meta.group_block_tables[1] == NUM_BLOCKS).any()  # null entries read nothing
+        assert graphed.graphs.bucket(decode) == 4
+        torch.testing.assert_close(graphed.execute_model(decode), plain.execute_model(decode),
+                                   atol=1e-6, rtol=1e-6)
+    for a, b in zip(plain.kv_caches, graphed.kv_caches):
+        assert torch.equal(a.key, b.key) and torch.equal(a.value, b.value)

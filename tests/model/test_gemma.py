@@ -97,3 +97,58 @@ def test_rope_parameters_per_layer_type_and_no_length_cap():
     mistral = ModelArch.from_hf_config({**cfg, "architectures": ["MistralForCausalLM"],
                                         "layer_types": None, "rope_parameters": None})
     assert [mistral.layer_window(0), mistral.layer_window(1)] == [16, 16]
+
+
+def _drive_holding(core, prompts, max_tokens):
+    """Greedy outputs and the most KV bytes the engine held at once, stepping it directly."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"r{i}", prompt, params)
+    tokens, peak = {}, 0
+    while core.has_unfinished():
+        for out in core.step():
+            tokens[out.request_id] = out.outputs[0].token_ids
+        peak = max(peak, core.kv.num_blocks - core.kv.num_free_blocks)
+    assert core.kv.num_free_blocks == core.kv.num_blocks and core.kv.num_tracked_requests() == 0
+    return [tokens[f"r{i}"] for i in range(len(prompts))], peak * core.plan.bytes_per_block
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "mistral-sw"])
+def test_hybrid_layout_frees_out_of_window_blocks_and_changes_no_output(tiny_model_factory, arch):
+    """Generation far past the 8-token windows: the sliding layers' blocks that fall out go
+    back to the pool (kv/groups.py), and every token is what one table per layer gives, and
+    what transformers gives."""
+    from pyserve.config import Config
+    from pyserve.engine.core import EngineCore
+
+    path = tiny_model_factory(arch)
+    hf = load_hf(path)
+    results = {}
+    for disabled in (False, True):
+        core = EngineCore(Config.from_flat(model=str(path), kv_cache_memory=1 << 24,
+                                           max_num_batched_tokens=24, max_model_len=512,
+                                           disable_hybrid_kv_cache_manager=disabled))
+        assert (core.kv.num_groups > 1 or core.kv.groups.frees_windows) != disabled
+        prompts = [core.tokenizer.encode(p) for p in PROMPTS[1:4]]
+        results[disabled] = _drive_holding(core, prompts, 120)
+        core.shutdown()
+    (hybrid, hybrid_bytes), (plain, plain_bytes) = results[False], results[True]
+    assert hybrid == plain
+    assert hybrid[0] == hf_greedy(hf, prompts[0], 120)
+    assert hybrid_bytes < 0.75 * plain_bytes  # long past the window, sliding layers hold little
+
+
+def test_hybrid_layout_at_tensor_parallel_size_2_equals_size_1(tiny_model_factory):
+    """The step channel carries every KV group's tables to the other rank."""
+    path = str(tiny_model_factory("gemma2"))
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    results = {}
+    for tp in (1, 2):
+        llm = LLM(path, tensor_parallel_size=tp, kv_cache_memory="16MiB", max_num_batched_tokens=24,
+                  max_model_len=256)
+        try:
+            assert llm.engine.kv.num_groups == 2
+            results[tp] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        finally:
+            llm.shutdown()
+    assert results[1] == results[2]

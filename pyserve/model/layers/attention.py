@@ -20,6 +20,19 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step
+    # the hybrid KV layout (kv/groups.py): every KV group's slots [groups, num_tokens] and
+    # tables [groups, num_seqs, max_blocks], the first group's being the two above; None
+    # with one group
+    group_slot_mapping: torch.Tensor | None = None
+    group_block_tables: torch.Tensor | None = None
+
+    def for_group(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot_mapping, block_tables) of a layer in this KV group."""
+        if group == 0:
+            return self.slot_mapping, self.block_tables
+        if self.group_block_tables is None:
+            raise ValueError(f"a layer of KV group {group}, but the step has one group's tables")
+        return self.group_slot_mapping[group], self.group_block_tables[group]
 
 
 class PagedAttention(nn.Module):
@@ -37,10 +50,11 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq * D]."""
-        key_cache, value_cache = kv_cache
-        _native.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+        slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
+        _native.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
         out = torch.empty_like(q)
-        _native.paged_attention(out, q, key_cache, value_cache, meta.block_tables,
+        _native.paged_attention(out, q, key_cache, value_cache, block_tables,
                                 meta.query_start_loc, meta.seq_lens, self.scale, self.window or 0,
                                 self.softcap or 0.0)
         return out.view(q.shape[0], -1)

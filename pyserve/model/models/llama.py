@@ -114,8 +114,9 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
         if self.native is not None:
+            slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
             return self.native.forward(positions, hidden, residual, kv_cache[0], kv_cache[1],
-                                       meta.slot_mapping, meta.block_tables, meta.query_start_loc,
+                                       slot_mapping, block_tables, meta.query_start_loc,
                                        meta.seq_lens)
         if residual is None:
             residual = hidden
