@@ -37,6 +37,7 @@ HONOURED_EXAMPLES = {
     "--gpu-memory-utilization": (["--gpu-memory-utilization", "0.5"], 0.5),
     "--kv-cache-memory-bytes": (["--kv-cache-memory-bytes", "2G"], 2 * GiB),
     "--enable-prefix-caching": (["--no-enable-prefix-caching"], False),
+    "--disable-hybrid-kv-cache-manager": (["--disable-hybrid-kv-cache-manager"], True),
     "--max-num-seqs": (["--max-num-seqs", "8"], 8),
     "--max-num-batched-tokens": (["--max-num-batched-tokens", "2K"], 2048),
     "--scheduling-policy": (["--scheduling-policy", "priority"], "priority"),

@@ -47,6 +47,15 @@ ARCHES = {
     "gemma2": ("Gemma2Config", dict(
         num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=64, sliding_window=8,
         attn_logit_softcapping=10.0, final_logit_softcapping=8.0, tie_word_embeddings=True)),
+    # Gemma 3 270M's attention shapes (18 layers, every sixth global, 1 KV head of 256, windows
+    # of 512, 32k positions) on a tiny hidden size: its KV cache at a fraction of the compute
+    "gemma3-270m-kv": ("Gemma3TextConfig", dict(
+        num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        query_pre_attn_scalar=256, sliding_window=512, max_position_embeddings=32768,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)},
+        tie_word_embeddings=True)),
     # the multimodal checkpoint layout (text config nested, weights under language_model), with
     # a one-layer vision tower that pyserve does not serve
     "gemma3-mm": ("Gemma3Config", {}),
