@@ -10,7 +10,16 @@ threads and event-loop lag (a /health round trip) are recorded against the reque
 At the end: the memory slope in KiB per 1,000 requests, a least-squares fit over the samples
 after the first quarter (start-up caches and allocator arenas settle first), and the books
 must balance (GET /debug/books); the exit status is 1 if they do not or if any request got an
-answer its kind does not allow."""
+answer its kind does not allow.
+
+Those samples move with what is in flight (a batch's tensors, open streams) and with where
+the allocator happens to be between two of the server's malloc_trim calls (every 10 s), by
+several MiB either way, so a fit over them cannot resolve a slope of a few KiB per 1,000
+requests. Every --checkpoint seconds the traffic therefore pauses: the clients finish what
+they sent, the server goes idle (its books show nothing running or waiting), one trim
+interval passes so that the server trims while idle, and RssAnon is read then. The slope over
+those quiescent checkpoints (after the first) is what a leak grows: the
+"quiescent_slope_kib_per_1000_requests" of the report."""
 
 from __future__ import annotations
 
@@ -27,6 +36,12 @@ import uvloop
 from benchmarks.raw_http import connect, get, percentiles, post, read_head, request_json, sse_stream
 from benchmarks.server_process import PyserveServer
 
+from pyserve.server.malloc_trim import TRIM_INTERVAL_S
+
+# a checkpoint's idle wait: the server's trim interval and a second, so that one trim falls
+# inside it
+TRIM_WAIT_S = TRIM_INTERVAL_S + 1.0
+
 PREAMBLE = ("You are a careful assistant. Answer briefly and exactly. The rules: be precise, "
             "cite nothing, use plain words, never repeat the question. ") * 3
 TAILS = ["What is two plus two?", "Name a colour.", "Say hello.", "Count to three.",
@@ -40,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model folder (default: pyserve's default model)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
+    p.add_argument("--checkpoint", type=float, default=120.0,
+                   help="seconds of traffic between quiescent checkpoints (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     return p
@@ -117,20 +134,52 @@ async def one_request(port: int, kind: str, body: dict) -> str:
 
 
 async def soak(port: int, pid: int, minutes: float, concurrency: int, interval: float,
-               seed: int) -> dict:
+               seed: int, checkpoint_s: float = 0.0, books=None) -> dict:
+    """books: a callable giving GET /debug/books (for the checkpoints' idle test)."""
     deadline = time.monotonic() + 60 * minutes
     outcomes: dict[str, int] = {}
-    samples = []
+    samples, checkpoints = [], []
+    flowing = asyncio.Event()  # cleared while a checkpoint holds the traffic back
+    flowing.set()
+    in_flight = [0]
 
     async def client(i: int):
         rng = random.Random(seed * 1000 + i)
         while time.monotonic() < deadline:
+            await flowing.wait()
             kind, body = pick(rng)
+            in_flight[0] += 1
             try:
                 outcome = await one_request(port, kind, body)
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
                 outcome = f"{kind}: {type(exc).__name__}"
+            finally:
+                in_flight[0] -= 1
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    async def quiesce():
+        """Holds the clients back until the server is idle and has trimmed; -> its RssAnon."""
+        flowing.clear()
+        while in_flight[0]:
+            await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        for _ in range(200):  # disconnected clients' requests abort within a step
+            state = (await loop.run_in_executor(None, books))["books"]
+            if not state["num_running"] and not state["num_waiting"]:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(TRIM_WAIT_S)  # the server's malloc_trim runs once meanwhile
+        figures = proc_figures(pid)
+        flowing.set()
+        return figures["rss_anon_kib"]
+
+    async def checkpointer():
+        t0 = time.monotonic()
+        while time.monotonic() + checkpoint_s < deadline:
+            await asyncio.sleep(checkpoint_s)
+            rss = await quiesce()
+            checkpoints.append({"t_s": round(time.monotonic() - t0, 1),
+                                "requests": sum(outcomes.values()), "rss_anon_kib": rss})
 
     async def sampler():
         t0 = time.monotonic()
@@ -146,12 +195,19 @@ async def soak(port: int, pid: int, minutes: float, concurrency: int, interval: 
             await asyncio.sleep(interval)
 
     watch = asyncio.ensure_future(sampler())
+    pauses = asyncio.ensure_future(checkpointer()) if checkpoint_s > 0 and books else None
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     await watch
+    if pauses is not None:
+        await pauses
     settled = samples[len(samples) // 4:]
+    quiet = checkpoints[1:]  # the first one still holds start-up's settling
     return {"minutes": minutes, "requests": sum(outcomes.values()), "outcomes": outcomes,
             "rss_anon_slope_kib_per_1000_requests": _round(slope_per_1000(
                 [s["requests"] for s in settled], [s["rss_anon_kib"] for s in settled])),
+            "quiescent_slope_kib_per_1000_requests": _round(slope_per_1000(
+                [c["requests"] for c in quiet], [c["rss_anon_kib"] for c in quiet])),
+            "checkpoints": checkpoints,
             "rss_anon_kib": {"first": samples[0]["rss_anon_kib"],
                              "last": samples[-1]["rss_anon_kib"]},
             "fds": {"first": samples[0]["fds"], "max": max(s["fds"] for s in samples),
@@ -173,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     server = PyserveServer(*(["--model", args.model] if args.model else []))
     try:
         report = uvloop.run(soak(server.port, server.pid, args.minutes, args.concurrency,
-                                 args.interval, args.seed))
+                                 args.interval, args.seed, args.checkpoint, server.books))
         try:
             report["books"] = server.wait_balanced()
             report["books_balanced"] = True

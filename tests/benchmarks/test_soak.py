@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.slow
 def test_soak_two_minutes(tiny_dir):
     done = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--minutes", "2", "--json",
-                           "--model", str(tiny_dir), "--interval", "5"],
+                           "--model", str(tiny_dir), "--interval", "5", "--checkpoint", "25"],
                           capture_output=True, text=True, timeout=600)
     assert done.stdout.strip(), done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -29,3 +29,8 @@ def test_soak_two_minutes(tiny_dir):
     assert report["fds"]["last"] <= report["fds"]["first"] + 20  # connections do not leak
     assert report["threads"]["max"] <= report["threads"]["first"] + 8
     assert report["rss_anon_slope_kib_per_1000_requests"] is not None
+    # quiescent checkpoints: the traffic paused, the server idle and trimmed, RssAnon read
+    checkpoints = report["checkpoints"]
+    assert len(checkpoints) >= 2
+    assert all(c["rss_anon_kib"] > 0 for c in checkpoints)
+    assert checkpoints[1]["requests"] > checkpoints[0]["requests"] > 0
