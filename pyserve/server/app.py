@@ -120,10 +120,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _build_routes(state: ServerState, engine) -> Router:
-    from pyserve.server.openai.serving import OpenAIServing
+    from pyserve.server.openai.serving import OpenAIServing, preparse_json
 
     serving = OpenAIServing(engine, state.config.server)
-    router = Router(error_response)
+    router = Router(error_response, preparse_json)
 
     # an encoder answers embeddings only; a decoder generates and embeds
     tasks = ["embed", "token_embed"] if engine.is_encoder else ["generate", "embed", "token_embed"]

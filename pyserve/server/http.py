@@ -68,6 +68,9 @@ class Request:
     keep_alive: bool = True
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     path_params: dict[str, str] = field(default_factory=dict)  # the router's {name} segment
+    # the body's JSON (or the error it is), when the router parsed it before the handler ran
+    # (a large body, in a worker thread: server/openai/serving.py preparse_json)
+    json: object = None
 
 
 @dataclass

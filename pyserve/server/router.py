@@ -27,7 +27,9 @@ def normalize_path(target: str) -> str:
 
 
 class Router:
-    def __init__(self, error_response):
+    def __init__(self, error_response, prepare=None):
+        """prepare: an async callable run on every request that found its handler, before it."""
+        self._prepare = prepare
         self._routes: dict[str, dict[str, Handler]] = {}
         # '/v1/responses/' -> ('response_id', {method: handler}): one trailing parameter
         self._prefixes: dict[str, tuple[str, dict[str, Handler]]] = {}
@@ -73,4 +75,6 @@ class Router:
             response = self._error(405, f"{request.method} is not allowed on {path}")
             response.headers.append(("allow", ", ".join(sorted(methods))))
             return response
+        if self._prepare is not None:
+            await self._prepare(request)
         return await handler(request)
