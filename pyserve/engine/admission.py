@@ -7,11 +7,10 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from pyserve.arith import cdiv
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
 from pyserve.errors import InvalidRequest
-from pyserve.kv.groups import KVGroups
+from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.sampling_params import RequestOutputKind, SamplingParams
 from pyserve.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -39,9 +38,7 @@ class Limits:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks a sequence of num_tokens holds at most."""
-        if self.kv_groups is None:
-            return cdiv(num_tokens, self.block_size)
-        return self.kv_groups.blocks_for_sequence(num_tokens, self.block_size, self.chunk)
+        return sequence_blocks(self.kv_groups, num_tokens, self.block_size, self.chunk)
 
 
 def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, limits: Limits) -> int:

@@ -20,7 +20,7 @@ from pyserve.errors import ModelLoadError
 from pyserve.executor.shard import (ShardSpec, check_pipeline_parallel, check_tensor_parallel,
                                     largest_stage_layers)
 from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
-from pyserve.kv.groups import KVGroups, plan_kv_groups
+from pyserve.kv.groups import KVGroups, plan_kv_groups, sequence_blocks
 from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
 from pyserve.model.layers.parallel import kv_heads_per_rank
@@ -65,10 +65,8 @@ class EnginePlan:
     @property
     def blocks_per_sequence(self) -> int:
         """Blocks one sequence of --max-model-len holds at most."""
-        if self.kv_groups is None:
-            return cdiv(self.max_model_len, self.block_size)
-        return self.kv_groups.blocks_for_sequence(
-            self.max_model_len, self.block_size, self.config.scheduler.max_num_batched_tokens)
+        return sequence_blocks(self.kv_groups, self.max_model_len, self.block_size,
+                               self.config.scheduler.max_num_batched_tokens)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -194,14 +192,13 @@ def resolve(config: Config) -> EnginePlan:
         per_block = 0
         num_blocks = cdiv(sched.max_num_batched_tokens, block_size) + sched.max_num_seqs
     else:
-        kv_groups = hybrid_kv_groups(config, arch, max_model_len, encoder)
+        kv_groups = hybrid_kv_groups(config, arch, max_model_len)
         # a rank holds its stage's layers: the largest stage's bound the bytes per block
         per_block = KVLayout(largest_stage_layers(arch.num_layers, pp),
                              kv_heads_per_rank(arch.num_kv_heads, tp),
                              arch.head_dim, dtype, kv_groups).bytes_per_block(block_size)
-        need = (cdiv(max_model_len, block_size) if kv_groups is None else
-                kv_groups.blocks_for_sequence(max_model_len, block_size, sched.max_num_batched_tokens))
-        num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len, need)
+        num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len, sequence_blocks(
+            kv_groups, max_model_len, block_size, sched.max_num_batched_tokens))
     graph_sizes = ()
     if device.type == "cuda" and not config.device.enforce_eager and not encoder:
         graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
@@ -228,14 +225,14 @@ def resolve(config: Config) -> EnginePlan:
                       kv_groups)
 
 
-def hybrid_kv_groups(config: Config, arch, max_model_len: int, encoder: bool) -> KVGroups | None:
-    """The hybrid KV layout (kv/groups.py) of a model with sliding-window layers whose window
+def hybrid_kv_groups(config: Config, arch, max_model_len: int) -> KVGroups | None:
+    """The hybrid KV layout (kv/groups.py) of a decoder with sliding-window layers whose window
     is shorter than --max-model-len; None (one plain group) otherwise, with
     --disable-hybrid-kv-cache-manager, and where the layout is not built: pipeline stages,
     whose caches hold a share of the layers, and a draft model, which reads the target's
     first table for its own KV cache."""
     spec = config.scheduler.speculative_config
-    if (encoder or config.cache.disable_hybrid_kv_cache_manager
+    if (config.cache.disable_hybrid_kv_cache_manager
             or config.parallel.pipeline_parallel_size > 1
             or (spec is not None and spec.method == "draft_model")):
         return None

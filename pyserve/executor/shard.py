@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from pyserve.kv.cache import KVLayout, allocate_kv_caches
-from pyserve.kv.groups import KVGroups
+from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
@@ -152,8 +152,8 @@ def _measured_num_blocks(model, spec: ShardSpec, tp: TPGroup, device: torch.devi
         num_blocks = int(counts.min())
         plan = memory.KVPlan(num_blocks, num_blocks * per_block, per_block)
     logger.info("%s", memory.memory_table(profile, spec.gpu_memory_utilization, plan))
-    need = (None if spec.kv_groups is None else spec.kv_groups.blocks_for_sequence(
-        spec.max_model_len, spec.block_size, spec.max_num_batched_tokens))
+    need = sequence_blocks(spec.kv_groups, spec.max_model_len, spec.block_size,
+                           spec.max_num_batched_tokens)
     memory.check_fits(plan, profile, spec.gpu_memory_utilization, spec.block_size, spec.max_model_len,
                       need)
     return num_blocks

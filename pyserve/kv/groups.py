@@ -72,6 +72,14 @@ class KVGroups:
         return total
 
 
+def sequence_blocks(groups: KVGroups | None, num_tokens: int, block_size: int, chunk: int) -> int:
+    """Blocks one sequence of num_tokens holds at most, under groups (None: the plain layout,
+    one block per block_size tokens); chunk: --max-num-batched-tokens."""
+    if groups is None:
+        return cdiv(num_tokens, block_size)
+    return groups.blocks_for_sequence(num_tokens, block_size, chunk)
+
+
 def single_group(num_layers: int) -> KVGroups:
     return KVGroups((None,), (tuple(range(num_layers)),))
 

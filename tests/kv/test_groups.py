@@ -3,7 +3,7 @@ blocks a sequence holds at most."""
 
 from pyserve.arith import cdiv
 from pyserve.kv.cache import KVLayout, allocate_kv_caches
-from pyserve.kv.groups import MAX_GROUPS, plan_kv_groups
+from pyserve.kv.groups import MAX_GROUPS, plan_kv_groups, sequence_blocks
 
 import torch
 
@@ -44,6 +44,8 @@ def test_blocks_for_sequence_counts_the_window_and_a_chunk_in_sliding_groups():
     groups = plan_kv_groups(gemma3_windows(18), max_model_len=32768)
     assert groups.blocks_for_sequence(4096, 16, 128) == 256 + 5 * (cdiv(512 + 128, 16) + 1)
     assert groups.blocks_for_sequence(100, 16, 128) == 6 * cdiv(100, 16)  # within the window
+    assert sequence_blocks(groups, 4096, 16, 128) == groups.blocks_for_sequence(4096, 16, 128)
+    assert sequence_blocks(None, 4096, 16, 128) == 256  # the plain layout
 
 
 def test_caches_put_each_group_in_its_slots_and_zero_the_null_block():
