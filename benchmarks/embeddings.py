@@ -11,7 +11,9 @@ sentence-transformers' encode(batch_size=...) in the same process, one after the
 - the default model (SmolLM2-135M-Instruct): pyserve serves its GGUF weights (Q8_0 / Q4_1
   kept quantized, float32 activations); sentence-transformers runs transformers on the
   float32 directory they were converted to (the same numbers: the kernels are bitwise the
-  float32 model's), pooled as vLLM pools a causal LM: last token, normalized;
+  float32 model's), pooled as vLLM pools a causal LM: last token, normalized; a second row
+  with --gguf-activations int8 (the layers' inputs rounded to int8 for integer dot
+  products, llama.cpp's arithmetic) where the CPU has that kernel (AVX2, AVX-512 VNNI);
 - a BERT of all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads, random weights made by
   tools/make_tiny_bert.py: no model hub here), mean pooling, normalized, from its
   sentence-transformers directory.
@@ -61,23 +63,28 @@ def best_rate(run, n: int, repeats: int) -> tuple[float, object]:
 
 
 def throughput(name: str, model_dir: Path, st_model, items: list[str], batch: int,
-               repeats: int, **flags) -> None:
+               repeats: int, variants: dict[str, dict]) -> None:
+    """One line a variant (a label and its LLM flags) against sentence-transformers' one run."""
     import torch
 
     from pyserve.llm import LLM
 
-    llm = LLM(str(model_dir) if model_dir else None, **flags)
     batches = [items[i: i + batch] for i in range(0, len(items), batch)]
-    ours_rate, ours = best_rate(
-        lambda: [o.outputs.embedding for b in batches for o in llm.embed(b)], len(items), repeats)
-    llm.shutdown()
-    del llm
+    rows = []
+    for label, flags in variants.items():
+        llm = LLM(str(model_dir) if model_dir else None, **flags)
+        rate, ours = best_rate(
+            lambda: [o.outputs.embedding for b in batches for o in llm.embed(b)], len(items), repeats)
+        llm.shutdown()
+        del llm
+        rows.append((label, rate, ours))
     theirs_rate, theirs = best_rate(
         lambda: st_model.encode(items, batch_size=batch, convert_to_numpy=True), len(items), repeats)
-    cos = torch.nn.functional.cosine_similarity(torch.tensor(ours), torch.from_numpy(theirs), dim=1)
-    print(f"{name}: pyserve {ours_rate:8.1f} embeddings/s   sentence-transformers "
-          f"{theirs_rate:8.1f} embeddings/s   ratio {ours_rate / theirs_rate:.2f}x   "
-          f"cosine min {cos.min().item():.6f}", flush=True)
+    for label, rate, ours in rows:
+        cos = torch.nn.functional.cosine_similarity(torch.tensor(ours), torch.from_numpy(theirs), dim=1)
+        print(f"{name}{label}: pyserve {rate:8.1f} embeddings/s   sentence-transformers "
+              f"{theirs_rate:8.1f} embeddings/s   ratio {rate / theirs_rate:.2f}x   "
+              f"cosine min {cos.min().item():.6f}", flush=True)
 
 
 def decoder_reference(model_dir: Path):
@@ -141,13 +148,17 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     items = texts(args.texts)
+    from pyserve import _native
     from pyserve.cli import parse_config
     from pyserve.model.default_model import ensure_default_model
 
     default_dir = ensure_default_model(parse_config([]).model.download_dir)
     if not args.skip_decoder:
+        variants = {"": dict(max_model_len=2048)}
+        if _native.int8_dot_supported():
+            variants[", --gguf-activations int8"] = dict(max_model_len=2048, gguf_activations="int8")
         throughput("default model (SmolLM2-135M, last token)", None, decoder_reference(default_dir),
-                   items, args.batch_size, args.repeats, max_model_len=2048)
+                   items, args.batch_size, args.repeats, variants)
     if not args.skip_bert:
         from make_tiny_bert import make_tiny_bert
         from sentence_transformers import SentenceTransformer
@@ -155,7 +166,7 @@ def main() -> int:
         bert = make_tiny_bert(Path(tempfile.mkdtemp(prefix="bench-bert-")), "bert", "mean",
                               overrides=MINILM)
         throughput("BERT (MiniLM-L6 shape, mean)", bert, SentenceTransformer(str(bert), device="cpu"),
-                   items, args.batch_size, args.repeats)
+                   items, args.batch_size, args.repeats, {"": {}})
     if not args.skip_latency:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.e2e.server import ServerProcess

@@ -1,7 +1,7 @@
 """The CPU linear layers of SmolLM2-135M's 30 decoder layers (qkv, o, gate/up and down
 projections) at a range of row counts: BLAS (torch's F.linear) on float32 weights against our
 packed kernel (csrc/cpu/linear.cpp) on float32, bfloat16 and GGUF Q4_1 weights, Q4_1 with
-int8 activations (--gguf-activations int8, where the CPU has AVX-512 VNNI), and BLAS on the
+int8 activations (--gguf-activations int8, where the CPU has AVX2 or AVX-512 VNNI), and BLAS on the
 packed weight widened back (what apply_linear does above PACKED_MAX_ROWS).
 
     python -m benchmarks.linear [--rows 1,4,16,64,256,512] [--repeats 5]

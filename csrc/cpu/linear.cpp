@@ -378,15 +378,51 @@ void tile_plain(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
 }
 #endif
 
-#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16 && defined(__AVX512VNNI__)
+#if defined(PYSERVE_VEC) && (PYSERVE_VEC == 8 || defined(__AVX512VNNI__))
 #define PYSERVE_INT8_DOT 1
-// Q4_1 and Q8_0 weights against int8 activations, as llama.cpp computes them: each row of x
-// is quantized per block of 32 k to int8 with its own scale (sx = max |x| / 127), the
-// block's q·qx products are summed exactly in int32 by vpdpbusd (64 byte products an
-// instruction, four times float32 FMA's 16), and each block then adds d·sx·Σ q·qx (+ m·Σ x
-// for Q4_1). Σ x is the block's exact float sum, so only the rounding of x to 8 bits differs
-// from float32.
-constexpr int kInt8Rows = 6;  // 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
+// Q4_1 and Q8_0 weights (and Q4_0, Q4_K) against int8 activations, as llama.cpp computes
+// them: each row of x is quantized per block of 32 k to int8 with its own scale (sx = max |x|
+// / 127), the block's q·qx products are summed exactly in integers, and each block then adds
+// d·sx·Σ q·qx (+ m·Σ x for Q4_1). Σ x is the block's exact float sum, so only the rounding of
+// x to 8 bits differs from float32. AVX-512 VNNI sums four byte products into int32 in one
+// instruction (vpdpbusd, 64 products, four times float32 FMA's 16); AVX2 has vpmaddubsw
+// (unsigned × signed bytes, pairs summed into int16) and vpmaddwd (pairs of int16 into int32),
+// which the kernels below use so that no int16 sum can saturate.
+
+// A nibble format's 32 k number g of a panel as the int8 kernel reads it: its nibbles (in
+// Q4_1's order) and w = d·q + m for the kLanes columns from kLanes·v. Q4_0 and the K-quants
+// say so themselves (cpu/linear_kquant.h: m = -8 d, or d = d·sc and m = -dmin·m of the 32
+// k's sub-block).
+template <typename Format>
+struct NibbleBlocks {
+  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return Format::int8_nibbles(panel, g); }
+  static void scales(const uint8_t* panel, int64_t g, int v, vec& d, vec& m) { Format::int8_scales(panel, g, v, d, m); }
+};
+template <>
+struct NibbleBlocks<Q4_1Format> {
+  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return panel + g * Q4_1Format::kGroupBytes + 128; }
+  static void scales(const uint8_t* panel, int64_t g, int v, vec& d, vec& m) {
+    const uint8_t* group = panel + g * Q4_1Format::kGroupBytes;
+    d = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
+    m = load(reinterpret_cast<const c10::Half*>(group + 64) + v * kLanes);
+  }
+};
+
+#if PYSERVE_VEC == 16  // AVX-512 VNNI
+// rows a tile: 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
+template <typename Format>
+constexpr int kInt8Rows = 6;
+
+// the first `cols` of an int8 tile's 32 columns, plus bias, into out
+template <int MR>
+inline void store_tile(const vec (&acc)[MR][kVecs], float* out, int64_t ldo, int64_t cols, const float* bias) {
+  alignas(64) float row[kPanel];
+  for (int m = 0; m < MR; ++m) {
+    for (int v = 0; v < kVecs; ++v) store(row + v * kLanes, acc[m][v]);
+    float* o = out + m * ldo;
+    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
+  }
+}
 
 // x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale_sum) {
@@ -408,40 +444,6 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale
       }
   });
 }
-
-// the first `cols` of an int8 tile's 32 columns, plus bias, into out
-template <int MR>
-inline void store_tile(const __m512 (&acc)[MR][2], float* out, int64_t ldo, int64_t cols, const float* bias) {
-  alignas(64) float row[kPanel];
-  for (int m = 0; m < MR; ++m) {
-    _mm512_storeu_ps(row, acc[m][0]);
-    _mm512_storeu_ps(row + 16, acc[m][1]);
-    float* o = out + m * ldo;
-    for (int64_t c = 0; c < cols; ++c) o[c] = row[c] + (bias != nullptr ? bias[c] : 0.f);
-  }
-}
-
-// A nibble format's 32 k number g of a panel as the int8 kernel reads it: its nibbles (in
-// Q4_1's order) and w = d·q + m per column. Q4_0 and the K-quants say so themselves
-// (cpu/linear_kquant.h: m = -8 d, or d = d·sc and m = -dmin·m of the 32 k's sub-block).
-template <typename Format>
-struct NibbleBlocks {
-  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return Format::int8_nibbles(panel, g); }
-  static void scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
-    Format::int8_scales(panel, g, d, m);
-  }
-};
-template <>
-struct NibbleBlocks<Q4_1Format> {
-  static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return panel + g * Q4_1Format::kGroupBytes + 128; }
-  static void scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
-    const uint8_t* group = panel + g * Q4_1Format::kGroupBytes;
-    for (int h = 0; h < 2; ++h) {
-      d[h] = load(reinterpret_cast<const c10::Half*>(group) + h * 16);
-      m[h] = load(reinterpret_cast<const c10::Half*>(group + 64) + h * 16);
-    }
-  }
-};
 
 // out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K)
 template <int MR, typename Format>
@@ -476,8 +478,8 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
         }
       }
     }
-    __m512 d[2], mins[2];
-    NibbleBlocks<Format>::scales(panel, g, d, mins);
+    vec d[kVecs], mins[kVecs];
+    for (int h = 0; h < kVecs; ++h) NibbleBlocks<Format>::scales(panel, g, h, d[h], mins[h]);
     for (int m = 0; m < MR; ++m) {
       const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
       const __m512 sum = _mm512_set1_ps(scale_sum[(m * groups + g) * 2 + 1]);
@@ -536,6 +538,146 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
   store_tile<MR>(acc, out, ldo, cols, bias);
 }
 
+
+#else  // AVX2
+// Each tile runs over the whole panel once per 8 columns, its rows' int sums and float
+// accumulators in registers: 6 rows for the nibble formats (12 of 16 ymm, the weights and
+// their mask 3 more), 4 for Q8_0, whose sums take more temporaries (the best of 3 to 6 rows
+// in a single-thread benchmark).
+template <typename Format>
+constexpr int kInt8Rows = std::is_same_v<Format, Q8_0Format> ? 4 : 6;
+
+// x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale_sum) {
+  const int64_t groups = K / kGroup;
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // vpackssdw and vpacksswb interleave the 128-bit halves; this puts the bytes back in order
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  at::parallel_for(0, M, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* src = x + r * K + g * kGroup;
+        __m256 part[4], amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+        for (int v = 0; v < 4; ++v) {
+          part[v] = _mm256_loadu_ps(src + 8 * v);
+          amax = _mm256_max_ps(amax, _mm256_and_ps(part[v], magnitude));
+          sum = _mm256_add_ps(sum, part[v]);
+        }
+        const float top = reduce_max(amax);
+        const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
+        __m256i ints[4];  // round to nearest even, the MXCSR default, as torch.round
+        for (int v = 0; v < 4; ++v) ints[v] = _mm256_cvtps_epi32(_mm256_mul_ps(part[v], inv));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r * K + g * kGroup), _mm256_permutevar8x32_epi32(bytes, order));
+        scale_sum[(r * groups + g) * 2] = top / 127.f;
+        scale_sum[(r * groups + g) * 2 + 1] = reduce_add(sum);
+      }
+  });
+}
+
+// four bytes of x (k .. k + 3 of a row) in every 32-bit lane
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, 4);
+  return _mm256_set1_epi32(four);
+}
+
+template <int MR>
+inline void store_columns(const vec (&acc)[MR], float (&result)[MR][kPanel], int v) {
+  for (int m = 0; m < MR; ++m) store(result[m] + v * kLanes, acc[m]);
+}
+
+template <int MR>
+inline void store_result(const float (&result)[MR][kPanel], float* out, int64_t ldo, int64_t cols, const float* bias) {
+  for (int m = 0; m < MR; ++m)
+    for (int64_t c = 0; c < cols; ++c) out[m * ldo + c] = result[m][c] + (bias != nullptr ? bias[c] : 0.f);
+}
+
+// out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K).
+// Per column and 32 k, 8 vpmaddubsw give pair sums of q (0 .. 15) by qx (|qx| <= 127), each
+// within ±3,810, so all 8 add up in int16 (±30,480) before one vpmaddwd widens them.
+template <int MR, typename Format>
+inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
+                         float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  alignas(64) float result[MR][kPanel];
+  for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, bytes 32 (v % 2) ..
+    vec acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = zero();
+    for (int64_t g = 0; g < groups; ++g) {
+      if (v == 0)
+        for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
+      const uint8_t* nibbles = NibbleBlocks<Format>::nibbles(panel, g) + (v / 2) * 256 + (v % 2) * 32;
+      const int8_t* xq = q + g * kGroup;
+      __m256i dot[MR];
+      for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + j * 64));
+        const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        for (int m = 0; m < MR; ++m) {
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast4(xq + m * K + 4 * j)),
+                                                 _mm256_maddubs_epi16(high, broadcast4(xq + m * K + 16 + 4 * j)));
+          dot[m] = _mm256_add_epi16(dot[m], pairs);
+          // keeps gcc from hoisting every product of the group ahead of the sums (which
+          // spilled them all to the stack)
+          __asm__("" : "+x"(dot[m]));
+        }
+      }
+      vec d, mins;
+      NibbleBlocks<Format>::scales(panel, g, v, d, mins);
+      for (int m = 0; m < MR; ++m) {
+        const float* ss = scale_sum + (m * groups + g) * 2;
+        acc[m] = fma(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m], ones)), mul(d, set1(ss[0])), acc[m]);
+        acc[m] = fma(mins, set1(ss[1]), acc[m]);
+      }
+    }
+    store_columns<MR>(acc, result, v);
+  }
+  store_result<MR>(result, out, ldo, cols, bias);
+}
+
+// out[MR, 32] from MR quantized rows and one Q8_0 panel. vpmaddubsw wants one operand
+// unsigned: it gets |w| (so -128 reads as 128) and qx takes w's sign (vpsignb, which also
+// zeroes qx where w is 0), whose product is w·qx. A pair sum reaches ±32,512, so each is
+// widened to int32 at once.
+template <int MR>
+inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
+                         float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = Q8_0Format::kGroupBytes, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(64) float result[MR][kPanel];
+  for (int v = 0; v < kVecs; ++v) {
+    vec acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = zero();
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* group = panel + g * kBytes;
+      if (v == 0)
+        for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * kBytes + line), _MM_HINT_T0);
+      const uint8_t* weights = group + 64 + (v / 2) * 512 + (v % 2) * 32;
+      const int8_t* xq = q + g * kGroup;
+      __m256i dot[MR];
+      for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + j * 64));
+        const __m256i magnitude = _mm256_abs_epi8(w);
+        for (int m = 0; m < MR; ++m) {
+          const __m256i signed_x = _mm256_sign_epi8(broadcast4(xq + m * K + 4 * j), w);
+          dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+        }
+      }
+      const vec d = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
+      for (int m = 0; m < MR; ++m)
+        acc[m] = fma(_mm256_cvtepi32_ps(dot[m]), mul(d, set1(scale_sum[(m * groups + g) * 2])), acc[m]);
+    }
+    store_columns<MR>(acc, result, v);
+  }
+  store_result<MR>(result, out, ldo, cols, bias);
+}
+#endif
+
 template <typename Format, int... R>
 inline void tile_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
                            const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
@@ -562,15 +704,16 @@ void int8_linear(const float* x, const uint8_t* packed, const float* bias, float
   float* const scale_sum = scale_sum_buffer.data();
   quantize_rows(x, M, K, q, scale_sum);
   // rows in chunks whose int8 x stays in a core's L2 while every panel passes over it
-  const int64_t chunk = std::max<int64_t>(kInt8Rows, (512 * 1024 / K) / kInt8Rows * kInt8Rows);
+  constexpr int kRows = kInt8Rows<Format>;
+  const int64_t chunk = std::max<int64_t>(kRows, (512 * 1024 / K) / kRows * kRows);
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {
     const int64_t m1 = std::min(M, m0 + chunk);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * kPanel;
-        for (int64_t m = m0; m < m1; m += kInt8Rows)
-          tile_int8_rows<Format>(static_cast<int>(std::min<int64_t>(kInt8Rows, m1 - m)),
-                            std::make_integer_sequence<int, kInt8Rows>{}, q + m * K,
+        for (int64_t m = m0; m < m1; m += kRows)
+          tile_int8_rows<Format>(static_cast<int>(std::min<int64_t>(kRows, m1 - m)),
+                            std::make_integer_sequence<int, kRows>{}, q + m * K,
                             scale_sum + m * groups * 2, K, packed + p * panel_bytes,
                             out + m * N + n0, N, std::min(kPanel, N - n0), bias ? bias + n0 : nullptr);
       }

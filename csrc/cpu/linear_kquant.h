@@ -149,14 +149,13 @@ struct Q4_0Format {
     }
   };
 #endif
-#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
+#ifdef PYSERVE_VEC
   // the int8-activation kernel's view of 32 k g: its nibbles, and w = d·q + m
   static const uint8_t* int8_nibbles(const uint8_t* panel, int64_t g) { return panel + g * kGroupBytes + 64; }
-  static void int8_scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
-    for (int h = 0; h < 2; ++h) {
-      d[h] = v::half_float(panel + g * kGroupBytes + h * 32);
-      m[h] = _mm512_mul_ps(d[h], _mm512_set1_ps(-8.f));
-    }
+  // (of the kLanes columns from kLanes·u)
+  static void int8_scales(const uint8_t* panel, int64_t g, int u, simd::vec& d, simd::vec& m) {
+    d = v::half_float(panel + g * kGroupBytes + u * v::kLanes * 2);
+    m = simd::mul(d, simd::set1(-8.f));
   }
 #endif
 };
@@ -253,18 +252,16 @@ struct QK45Format {
     }
   };
 #endif
-#if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
+#ifdef PYSERVE_VEC
   static const uint8_t* int8_nibbles(const uint8_t* panel, int64_t g) {
     return panel + g / 8 * kGroupBytes + kNibbles + g % 8 * 512;
   }
-  static void int8_scales(const uint8_t* panel, int64_t g, __m512 (&d)[2], __m512 (&m)[2]) {
+  static void int8_scales(const uint8_t* panel, int64_t g, int u, simd::vec& d, simd::vec& m) {
     const uint8_t* group = panel + g / 8 * kGroupBytes;
     const int64_t s = g % 8;
-    for (int h = 0; h < 2; ++h) {
-      d[h] = _mm512_mul_ps(v::half_float(group + h * 32), v::u8_float(group + 128 + s * 32 + h * 16));
-      m[h] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(v::half_float(group + 64 + h * 32),
-                                                              v::u8_float(group + 384 + s * 32 + h * 16)));
-    }
+    d = simd::mul(v::half_float(group + u * v::kLanes * 2), v::u8_float(group + 128 + s * 32 + u * v::kLanes));
+    m = simd::sub(simd::zero(), simd::mul(v::half_float(group + 64 + u * v::kLanes * 2),
+                                          v::u8_float(group + 384 + s * 32 + u * v::kLanes)));
   }
 #endif
 };

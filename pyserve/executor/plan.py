@@ -115,8 +115,8 @@ def _int8_activations(requested: str) -> bool:
     if requested != "int8":
         return False
     if not _native.int8_dot_supported():
-        logger.warning("--gguf-activations int8 needs a CPU with AVX-512 VNNI (and an extension "
-                       "built on one); using float32 activations")
+        logger.warning("--gguf-activations int8 needs a CPU with AVX2 or AVX-512 VNNI (and an "
+                       "extension built on one); using float32 activations")
         return False
     return True
 

@@ -107,7 +107,7 @@ def test_types_without_an_int8_kernel_stay_exact(kind):
     assert _native.pack_gguf_weight(blocks, 256, kind, int8_activations=True).dtype == torch.uint8
 
 
-@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX-512 VNNI")
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
 @pytest.mark.parametrize("m", [1, 6, 7, 300])
 @pytest.mark.parametrize("n,k", [(70, 512), (5, 256)])

@@ -161,7 +161,7 @@ def _int8_activation_reference(kind: str, x: torch.Tensor, blocks: np.ndarray, n
     return (out + (0 if bias is None else bias.double())).float()
 
 
-@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX-512 VNNI")
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 16, 300, 1100])  # row tiles of 6, their tails, chunks
 @pytest.mark.parametrize("n,k", [(96, 64), (70, 576), (5, 32), (577, 1536)])

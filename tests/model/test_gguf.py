@@ -79,7 +79,7 @@ def test_gguf_weights_stay_quantized_and_compute_exactly_as_float32(default_mode
         assert a.prompt_logprobs == b.prompt_logprobs
 
 
-@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX-512 VNNI")
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
 def test_int8_activations_stay_close_to_the_exact_output(gguf_file):
     """--gguf-activations int8 quantizes the Q4_1 layers' inputs (llama.cpp's arithmetic): not
     bitwise, so held to closeness on the exact mode's own greedy tokens (teacher forcing). The
