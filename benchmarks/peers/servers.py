@@ -111,6 +111,11 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                        lambda port: pyserve_gguf + ["--port", str(port)],
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
                        weights=gguf),
+            ServerSpec("pyserve-gguf-int8", "pyserve-gguf with --gguf-activations int8 (the "
+                       "Q4_0 / Q4_1 / Q4_K / Q8_0 layers; the others stay exact)",
+                       lambda port: pyserve_gguf + ["--port", str(port), "--gguf-activations", "int8"],
+                       needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
+                       weights=gguf),
             ServerSpec("llamacpp-gguf", f"llama-server on {gguf.name}, -np {LLAMA_SLOTS} "
                        f"-c {LLAMA_CTX} -t {llama_threads}", llama(gguf), needs=(LLAMA_SERVER, gguf),
                        install_hint=llama_hint, weights=gguf),

@@ -45,9 +45,10 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 // the float32 [N, K] weight (for the GEMM of steps with many rows); packed_rows the float32
 // rows ids (an embedding lookup).
 // int8_activations: packed_linear then quantizes x to int8 per block of 32 and uses integer
-// dot products where the CPU has AVX-512 VNNI (int8_dot_supported()): 2 to 3 times the
-// float32 path's speed for SmolLM2's layers at 1 to 2,048 rows (benchmarks/linear.py), at
-// the cost of bitwise equality with the float32 model. The packed weight comes back as int8
+// dot products where the extension has that kernel (int8_dot_supported(): built for AVX2 or
+// AVX-512 VNNI): 2 to 3 times the float32 path's speed for SmolLM2's layers at 1 to 2,048
+// rows with VNNI, about 2 times with AVX2 (benchmarks/linear.py), at the cost of bitwise
+// equality with the float32 model. The packed weight comes back as int8
 // to say so, and is otherwise the same. Only the types with that kernel (Q4_0, Q4_1, Q8_0,
 // Q4_K) are marked; Q5_0, Q5_K and Q6_K come back as uint8 and stay exact.
 at::Tensor pack_linear_weight(const at::Tensor& weight);

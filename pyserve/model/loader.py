@@ -153,6 +153,9 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
 
         quantized = gguf_blocks(gguf_path, arch, tp.size)
     model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, quantized, stage)
+    for module in model.modules():  # what a layer derives from its weights, once
+        if hasattr(module, "weights_loaded"):
+            module.weights_loaded()
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:

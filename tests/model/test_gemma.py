@@ -9,6 +9,7 @@ import torch
 from pyserve import LLM, SamplingParams
 from pyserve.executor.plan import resolve_max_model_len
 from pyserve.model.arch import ModelArch
+from pyserve.model.layers.norm import GemmaRMSNorm
 
 from .reference import hf_greedy, load_hf
 
@@ -36,6 +37,10 @@ def test_greedy_matches_transformers(tiny_model_factory, arch):
     llm = LLM(str(path), kv_cache_memory="64MiB", max_num_batched_tokens=24,
               enable_prefix_caching=True)
     hf = load_hf(path)
+    # each norm's 1 + weight is computed once, from the loaded (nonzero) weight
+    norms = [m for m in llm.engine.executor.runner.model.modules() if isinstance(m, GemmaRMSNorm)]
+    assert norms and all(torch.equal(m.frozen_scale, 1.0 + m.weight.float()) for m in norms)
+    assert all(m.weight.abs().sum() > 0 for m in norms)
     first = _check(llm, hf, PROMPTS)
     assert max(len(o.prompt_token_ids) for o in first) > 24 > 8  # chunked, and past the window
     again = _check(llm, hf, EXTENDED)
