@@ -408,6 +408,13 @@ struct NibbleBlocks<Q4_1Format> {
   }
 };
 
+// a nibble-format int8 tile's step for one block of one row: acc + d·sx·Σ q·qx + m·Σ x, dot
+// holding Σ q·qx (int32) and scale_sum the row's (sx, Σ x) for the block
+inline vec add_nibble_block(vec acc, ivec dot, vec d, vec mins, const float* scale_sum) {
+  acc = fma(kquant::v::to_float(dot), mul(d, set1(scale_sum[0])), acc);
+  return fma(mins, set1(scale_sum[1]), acc);
+}
+
 #if PYSERVE_VEC == 16  // AVX-512 VNNI
 // rows a tile: 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
 template <typename Format>
@@ -480,14 +487,9 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
     }
     vec d[kVecs], mins[kVecs];
     for (int h = 0; h < kVecs; ++h) NibbleBlocks<Format>::scales(panel, g, h, d[h], mins[h]);
-    for (int m = 0; m < MR; ++m) {
-      const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
-      const __m512 sum = _mm512_set1_ps(scale_sum[(m * groups + g) * 2 + 1]);
-      for (int h = 0; h < 2; ++h) {
-        acc[m][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][h]), _mm512_mul_ps(d[h], sx), acc[m][h]);
-        acc[m][h] = _mm512_fmadd_ps(mins[h], sum, acc[m][h]);
-      }
-    }
+    for (int m = 0; m < MR; ++m)
+      for (int h = 0; h < 2; ++h)
+        acc[m][h] = add_nibble_block(acc[m][h], dot[m][h], d[h], mins[h], scale_sum + (m * groups + g) * 2);
   }
   store_tile<MR>(acc, out, ldo, cols, bias);
 }
@@ -627,11 +629,8 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
       }
       vec d, mins;
       NibbleBlocks<Format>::scales(panel, g, v, d, mins);
-      for (int m = 0; m < MR; ++m) {
-        const float* ss = scale_sum + (m * groups + g) * 2;
-        acc[m] = fma(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m], ones)), mul(d, set1(ss[0])), acc[m]);
-        acc[m] = fma(mins, set1(ss[1]), acc[m]);
-      }
+      for (int m = 0; m < MR; ++m)
+        acc[m] = add_nibble_block(acc[m], _mm256_madd_epi16(dot[m], ones), d, mins, scale_sum + (m * groups + g) * 2);
     }
     store_columns<MR>(acc, result, v);
   }
