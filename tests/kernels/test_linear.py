@@ -102,7 +102,8 @@ def _gguf_dequantized(kind: str, blocks: np.ndarray, n: int, k: int) -> torch.Te
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-@pytest.mark.parametrize("n,k", [(96, 64), (70, 576), (5, 32)])
+# 11 panels: one row takes them two at a time on AVX-512, over threads' odd-length ranges
+@pytest.mark.parametrize("n,k", [(96, 64), (70, 576), (5, 32), (352, 96)])
 def test_gguf_weights_compute_exactly_as_their_dequantized_float32(kind, n, k):
     """The kernel dequantizes as the gguf package does, so a quantized layer's output is
     bitwise the float32 layer's on the package's dequantized weights, at every row count."""
