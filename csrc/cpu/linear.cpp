@@ -125,7 +125,7 @@ constexpr int kVecs = kPanel / PYSERVE_VEC;
 constexpr int64_t kPrefetchBytes = 2048;
 // Panels a one-row step of a quantized format computes together (tile_one_row). AVX-512: 2,
 // measured on Zen 4 (`benchmarks.linear`'s decode table: Q8_0 26.6 -> 50.3 GB/s, Q4_1 29.3 ->
-// 37.7; 4 spill and lose). AVX2's one-row tile already has kVecs = 4 chains, and two panels'
+// 37.7; SmolLM2's four Q4_1 layers 71 -> 54 us a token; 4 spill and lose). AVX2's one-row tile already has kVecs = 4 chains, and two panels'
 // scales would not fit its 16 registers: 1, the plain tile.
 constexpr int64_t kRowPanels = PYSERVE_VEC == 16 ? 2 : 1;
 
@@ -250,23 +250,30 @@ template <typename Format, typename F>
   }
 }
 
+// The lines of a panel's 32 k kAhead<Format> groups ahead that row kk of the current group
+// asks for, so that the group's 32 rows spread them out: a burst of them at once overflows
+// the core's miss buffers.
+template <typename Format>
+constexpr int64_t kAheadGroups = (kPrefetchBytes + kSubBytes<Format> - 1) / kSubBytes<Format>;
+template <typename Format>
+[[gnu::always_inline]] inline void prefetch_row_share(const char* ahead, int64_t kk) {
+  constexpr int64_t kLines = kSubBytes<Format> / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
+  for (int64_t line = kk * kLinesPerRow; line < (kk + 1) * kLinesPerRow && line < kLines; ++line)
+    _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+}
+
 // out[MR, 32] = x[MR, K] · panel[K, 32]; `cols` of the 32 columns are stored.
 template <int MR, typename Format>
 inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, float* out,
                  int64_t ldo, int64_t cols, const float* bias) {
-  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
-  constexpr int64_t kLines = kBytes / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
   vec acc[MR][kVecs];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < kVecs; ++v) acc[m][v] = zero();
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
-    const char* ahead = reinterpret_cast<const char*>(panel + (k0 / kGroup + kAhead) * kBytes);
+    const char* ahead = reinterpret_cast<const char*>(panel + (k0 / kGroup + kAheadGroups<Format>) * kSubBytes<Format>);
     const GroupReader<Format> reader = reader_at<Format>(panel, k0 / kGroup);
     for_each_row(reader, std::min(kGroup, K - k0), [&](int64_t kk, const vec* w) __attribute__((always_inline)) {
-      // the lines of the group kAhead ahead, spread over this group's rows: a burst of them
-      // at once overflows the core's miss buffers
-      for (int64_t line = kk * kLinesPerRow; line < (kk + 1) * kLinesPerRow && line < kLines; ++line)
-        _mm_prefetch(ahead + line * 64, _MM_HINT_T0);
+      prefetch_row_share<Format>(ahead, kk);
       for (int m = 0; m < MR; ++m) {
         const vec xb = set1(x[m * ldx + k0 + kk]);
         for (int v = 0; v < kVecs; ++v) acc[m][v] = fma(xb, w[v], acc[m][v]);
@@ -285,31 +292,27 @@ inline void tile(const float* x, int64_t ldx, const uint8_t* panel, int64_t K, f
 }
 
 template <typename Format, int... P>
-inline std::array<GroupReader<Format>, sizeof...(P)> readers_at(const uint8_t* panel, int64_t panel_bytes,
+inline std::array<GroupReader<Format>, sizeof...(P)> readers_at(const uint8_t* panel, int64_t stride,
                                                                int64_t g, std::integer_sequence<int, P...>) {
-  return {reader_at<Format>(panel + P * panel_bytes, g)...};
+  return {reader_at<Format>(panel + P * stride, g)...};
 }
 
-// out[1, 32 P] = x[1, K] · P consecutive full panels of a quantized format. A one-row tile()
-// has kVecs accumulators, each a chain of dependent FMAs, so it waits on FMA latency; P panels
-// at once give P·kVecs independent chains. Each column still sums its k in order with one FMA
-// each: bitwise tile<1>'s result.
+// out[1, 32] at out + p·out_stride = x[1, K] · the full panel at panel + p·stride, for p < P,
+// of a quantized format. A one-row tile() has kVecs accumulators, each a chain of dependent
+// FMAs, so it waits on FMA latency; P panels at once give P·kVecs independent chains. Each
+// column still sums its k in order with one FMA each: bitwise tile<1>'s result.
 template <int P, typename Format>
-inline void tile_one_row(const float* x, const uint8_t* panel, int64_t panel_bytes, int64_t K, float* out,
-                         const float* bias) {
-  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
-  constexpr int64_t kLines = kBytes / 64, kLinesPerRow = (kLines + kGroup - 1) / kGroup;
+inline void tile_one_row(const float* x, const uint8_t* panel, int64_t stride, int64_t K, float* out,
+                         int64_t out_stride, const float* bias) {
   vec acc[P][kVecs];
   for (int p = 0; p < P; ++p)
     for (int v = 0; v < kVecs; ++v) acc[p][v] = zero();
   for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
-    const auto readers = readers_at<Format>(panel, panel_bytes, k0 / kGroup, std::make_integer_sequence<int, P>{});
-    const char* ahead = reinterpret_cast<const char*>(panel + (k0 / kGroup + kAhead) * kBytes);
+    const auto readers = readers_at<Format>(panel, stride, k0 / kGroup, std::make_integer_sequence<int, P>{});
+    const char* ahead = reinterpret_cast<const char*>(panel + (k0 / kGroup + kAheadGroups<Format>) * kSubBytes<Format>);
     for_each_k([&](auto kk) __attribute__((always_inline)) {
       constexpr int64_t kRow = decltype(kk)::value;
-      for (int p = 0; p < P; ++p)
-        for (int64_t line = kRow * kLinesPerRow; line < (kRow + 1) * kLinesPerRow && line < kLines; ++line)
-          _mm_prefetch(ahead + p * panel_bytes + line * 64, _MM_HINT_T0);
+      for (int p = 0; p < P; ++p) prefetch_row_share<Format>(ahead + p * stride, kRow);
       const vec xb = set1(x[k0 + kRow]);
       for (int p = 0; p < P; ++p) {
         vec w[kVecs];
@@ -321,9 +324,29 @@ inline void tile_one_row(const float* x, const uint8_t* panel, int64_t panel_byt
   for (int p = 0; p < P; ++p)
     for (int v = 0; v < kVecs; ++v) {
       vec r = acc[p][v];
-      if (bias != nullptr) r = add(r, load(bias + p * kPanel + v * kLanes));
-      store(out + p * kPanel + v * kLanes, r);
+      if (bias != nullptr) r = add(r, load(bias + p * out_stride + v * kLanes));
+      store(out + p * out_stride + v * kLanes, r);
     }
+}
+
+// One row of x against panels [p0, p1) of a quantized format, P at a time: the full panels
+// split into P equal runs walked side by side, so that each run stays one contiguous stream
+// whose prefetch runs on into the run's next panel; the rest, and a partial last panel, by
+// tile<1>.
+template <int P, typename Format>
+void one_row_panels(const float* x, const uint8_t* packed, int64_t panel_bytes, int64_t p0, int64_t p1,
+                    int64_t N, int64_t K, float* out, const float* bias) {
+  const int64_t full = std::min(p1, N / kPanel), run = std::max<int64_t>(0, full - p0) / P;
+  for (int64_t i = 0; i < run; ++i) {
+    const int64_t p = p0 + i;
+    tile_one_row<P, Format>(x, packed + p * panel_bytes, run * panel_bytes, K, out + p * kPanel,
+                            run * kPanel, bias ? bias + p * kPanel : nullptr);
+  }
+  for (int64_t p = p0 + P * run; p < p1; ++p) {
+    const int64_t n0 = p * kPanel;
+    tile<1, Format>(x, K, packed + p * panel_bytes, K, out + n0, N, std::min(kPanel, N - n0),
+                    bias ? bias + n0 : nullptr);
+  }
 }
 
 // acc[MR, 32] += x[MR, kn] · w[kn, 32] for float32 weights w (a widened chunk of a quantized
@@ -782,17 +805,20 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {
     const int64_t m1 = std::min(M, m0 + chunk);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+#ifdef PYSERVE_VEC
+      if constexpr (Format::kQuantized && kRowPanels > 1) {
+        if (m1 - m0 == 1) {
+          one_row_panels<kRowPanels, Format>(x + m0 * K, packed, panel_bytes, p0, p1, N, K, out + m0 * N, bias);
+          return;
+        }
+      }
+#endif
       for (int64_t p = p0; p < p1; ++p) {
         const uint8_t* panel = packed + p * panel_bytes;
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
         const float* b = bias ? bias + n0 : nullptr;
 #ifdef PYSERVE_VEC
         if constexpr (Format::kQuantized) {
-          if (kRowPanels > 1 && m1 - m0 == 1 && p + kRowPanels <= p1 && n0 + kRowPanels * kPanel <= N) {
-            tile_one_row<kRowPanels, Format>(x + m0 * K, panel, panel_bytes, K, out + m0 * N + n0, b);
-            p += kRowPanels - 1;
-            continue;
-          }
           if (m1 - m0 > kMaxRows) {
             quantized_panel_rows<Format>(x + m0 * K, m1 - m0, K, panel, out + m0 * N + n0, N, cols, b);
             continue;
