@@ -190,6 +190,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());
+  py::class_<pyserve::cpu::LlamaStack>(m, "LlamaStack")
+      .def(py::init<std::vector<pyserve::cpu::LlamaLayer>, std::vector<at::Tensor>, std::vector<at::Tensor>>(),
+           py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"))
+      .def("forward", &pyserve::cpu::LlamaStack::forward, py::arg("positions"), py::arg("hidden"),
+           py::arg("residual"), py::arg("slot_mapping"), py::arg("block_tables"),
+           py::arg("query_start_loc"), py::arg("seq_lens"), py::call_guard<py::gil_scoped_release>());
   m.def("unpack_linear_weight", &pyserve::cpu::unpack_linear_weight, py::arg("packed"),
         py::arg("n"), py::call_guard<py::gil_scoped_release>());
   m.def("packed_linear", &pyserve::cpu::packed_linear, py::arg("out"), py::arg("x"),

@@ -25,6 +25,7 @@ pack_gguf_weight = _C.pack_gguf_weight
 packed_rows = _C.packed_rows
 int8_dot_supported = _C.int8_dot_supported
 LlamaLayer = _C.LlamaLayer
+LlamaStack = _C.LlamaStack
 rms_norm = _C.rms_norm
 fused_add_rms_norm = _C.fused_add_rms_norm
 rotary_embedding = _C.rotary_embedding

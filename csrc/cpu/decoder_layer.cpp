@@ -60,4 +60,26 @@ std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
   return {down_(act), res};
 }
 
+LlamaStack::LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,
+                       std::vector<at::Tensor> value_caches)
+    : layers_(std::move(layers)), key_caches_(std::move(key_caches)), value_caches_(std::move(value_caches)) {
+  TORCH_CHECK(!layers_.empty() && key_caches_.size() == layers_.size() && value_caches_.size() == layers_.size(),
+              "LlamaStack: ", layers_.size(), " layers, ", key_caches_.size(), " key and ",
+              value_caches_.size(), " value caches");
+}
+
+std::tuple<at::Tensor, at::Tensor> LlamaStack::forward(
+    const at::Tensor& positions, at::Tensor hidden, std::optional<at::Tensor> residual,
+    const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens) const {
+  at::Tensor res;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    at::Tensor key_cache = key_caches_[i], value_cache = value_caches_[i];
+    std::tie(hidden, res) = layers_[i].forward(positions, hidden, residual, key_cache, value_cache,
+                                               slot_mapping, block_tables, query_start_loc, seq_lens);
+    residual = res;
+  }
+  return {hidden, res};
+}
+
 }  // namespace pyserve::cpu

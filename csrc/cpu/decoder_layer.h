@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace pyserve::cpu {
 
@@ -47,6 +48,28 @@ class LlamaLayer {
   int64_t num_heads_, num_kv_heads_, head_dim_;
   at::Tensor cos_sin_;
   double scale_;
+};
+
+// A run of LlamaLayers with their KV caches, called once per step for all of them: one
+// pybind11 call and one release of the GIL for the whole stack instead of one per layer, so
+// that the event loop's thread (HTTP, streaming) cannot hold the model thread up between
+// layers. The layers share one KV group's slot mapping and tables.
+class LlamaStack {
+ public:
+  LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,
+             std::vector<at::Tensor> value_caches);
+
+  // -> (hidden, residual) after the last layer, as LlamaLayer::forward after each
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& positions, at::Tensor hidden,
+                                             std::optional<at::Tensor> residual,
+                                             const at::Tensor& slot_mapping,
+                                             const at::Tensor& block_tables,
+                                             const at::Tensor& query_start_loc,
+                                             const at::Tensor& seq_lens) const;
+
+ private:
+  std::vector<LlamaLayer> layers_;
+  std::vector<at::Tensor> key_caches_, value_caches_;
 };
 
 }  // namespace pyserve::cpu

@@ -1,6 +1,7 @@
-"""The decoder layer's one-call native path (csrc/cpu/decoder_layer.cpp) against the layer's
-Python path: the same kernels in the same order, so bitwise the same logprobs, for decode steps
-and for a prefill long enough to take the BLAS branch of the linear layers."""
+"""The decoder layers' native path (csrc/cpu/decoder_layer.cpp: each layer one call, and the
+whole stack of them one call a step) against the layers' Python path: the same kernels in the
+same order, so bitwise the same logprobs, for decode steps and for a prefill long enough to
+take the BLAS branch of the linear layers."""
 
 import pytest
 
@@ -21,9 +22,12 @@ def test_native_layer_equals_python_layer(tiny_model_factory, arch):
     assert all(layer.native is not None for layer in layers)
     prompts = [list(range(3, 3 + PACKED_MAX_ROWS + 40)), [5, 6, 7], list(range(10, 50))]
     native = _run(llm, prompts)
+    decoder = llm.engine.executor.runner.model.model
+    assert decoder.native_stack(llm.engine.executor.runner.kv_caches) is not None  # the stack ran
     for layer in layers:
         layer.native = None
     assert _run(llm, prompts) == native
+    assert decoder.native_stack(llm.engine.executor.runner.kv_caches) is None
 
 
 def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory):

@@ -159,6 +159,23 @@ class LlamaModel(nn.Module):
         self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
         if stage.is_last:
             self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+        self._stack = None  # (caches, layers' native calls, the stack or None): native_stack
+
+    def native_stack(self, kv_caches: list[KVCache]):
+        """This stage's layers as one native call on these caches (_native.LlamaStack), or
+        None where a layer is not native or the caches span KV groups. Built on the first step
+        (the caches come after the weights), again if the caches or a layer's native call
+        change."""
+        natives = [layer.native for layer in self.own_layers]
+        if (self._stack is None or self._stack[0] is not kv_caches
+                or any(a is not b for a, b in zip(self._stack[1], natives))):
+            stack = None
+            if (natives and len(kv_caches) == len(natives) and None not in natives
+                    and len({getattr(cache, "group", 0) for cache in kv_caches}) == 1):
+                stack = _native.LlamaStack(natives, [cache[0] for cache in kv_caches],
+                                           [cache[1] for cache in kv_caches])
+            self._stack = (kv_caches, natives, stack)
+        return self._stack[2]
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
                 carried: tuple[torch.Tensor, ...] | None = None):
@@ -166,8 +183,14 @@ class LlamaModel(nn.Module):
         (hidden, residual) on a later stage. -> the final hidden states [T, hidden_size] on
         the last stage, (hidden, residual) for the next stage on the others."""
         hidden, residual = (self.embed_tokens(input_ids), None) if carried is None else carried
-        for layer, kv_cache in zip(self.own_layers, kv_caches):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        stack = self.native_stack(kv_caches)
+        if stack is not None:
+            slot_mapping, block_tables = meta.for_group(getattr(kv_caches[0], "group", 0))
+            hidden, residual = stack.forward(positions, hidden, residual, slot_mapping, block_tables,
+                                             meta.query_start_loc, meta.seq_lens)
+        else:
+            for layer, kv_cache in zip(self.own_layers, kv_caches):
+                hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         if not self.stage.is_last:
             return hidden, residual
         hidden, _ = self.norm(hidden, residual)
