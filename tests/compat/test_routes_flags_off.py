@@ -4,7 +4,7 @@ and only load-aware calls move it), and GET /tokenizer_info is not a route witho
 --enable-tokenizer-info-endpoint (vLLM registers it only then): 404. /invocations needs no flag."""
 
 import json
-import threading
+import socket
 import time
 import urllib.request
 
@@ -36,26 +36,28 @@ def get(server, path):
 
 
 def test_load_reads_zero_while_a_request_runs(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    done = threading.Event()
-    seen = []
-
-    def poll():
-        while not done.is_set():
-            seen.append(get(server, "/load"))
-            time.sleep(0.01)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
+    # A stream of more bytes than the socket buffers hold (the kernel grows a send buffer to 4
+    # MiB), read only after the polls: the request cannot finish before it is read, however
+    # fast the machine generates it.
+    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": 400, "n": 24,
+                       "logprobs": 20, "stream": True, "ignore_eos": True}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
     try:
-        out = client.completions.create(model=MODEL, prompt="A long story:", max_tokens=300,
-                                        extra_body={"ignore_eos": True})
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.5)
+        seen = [get(server, "/load") for _ in range(5)]
+        received = b""
+        while not received.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the server closed the stream early"
+            received += chunk
     finally:
-        done.set()
-        poller.join()
-    assert out.usage.completion_tokens == 300
-    assert len(seen) > 10  # polled while it ran
-    assert all(answer == (200, {"server_load": 0}) for answer in seen), set(map(str, seen))
+        sock.close()
+    assert b"data: [DONE]" in received and len(received) > 5_000_000  # it ran while polled
+    assert seen == [(200, {"server_load": 0})] * 5
 
 
 def test_tokenizer_info_is_not_a_route(server):
