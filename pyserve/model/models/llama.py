@@ -165,7 +165,7 @@ class LlamaModel(nn.Module):
         """This stage's layers as one native call on these caches (_native.LlamaStack), or
         None where a layer is not native or the caches span KV groups. Built on the first step
         (the caches come after the weights), again if the caches or a layer's native call
-        change."""
+        change; it holds the caches it was built on until then."""
         natives = [layer.native for layer in self.own_layers]
         if (self._stack is None or self._stack[0] is not kv_caches
                 or any(a is not b for a, b in zip(self._stack[1], natives))):
