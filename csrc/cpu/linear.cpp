@@ -126,8 +126,9 @@ constexpr int64_t kPrefetchBytes = 2048;
 // Panels a one-row step of a quantized format computes together (tile_one_row). AVX-512: 2,
 // measured on Zen 4 (`benchmarks.linear`'s decode table, runs interleaved with the plain tile:
 // Q4_1 29-31 -> 37-38 GB/s; Q8_0 26.6 -> 50.3 in one pair of runs, 32 either way in two later
-// pairs, when that was the memory's speed; 4 panels spill and lose). AVX2's one-row tile already has kVecs = 4 chains, and two panels'
-// scales would not fit its 16 registers: 1, the plain tile.
+// pairs, when that was the memory's speed; 4 panels spill and lose). AVX2's one-row tile
+// already has kVecs = 4 chains, and two panels' scales would not fit its 16 registers: 1, the
+// plain tile.
 constexpr int64_t kRowPanels = PYSERVE_VEC == 16 ? 2 : 1;
 
 // The weights of one group of 32 k, a row of 32 columns (kVecs vectors) at a time.
