@@ -8,7 +8,6 @@ server over a real socket, through the openai SDK and raw HTTP."""
 
 import http.client
 import json
-import socket
 import threading
 import time
 import urllib.request
@@ -19,6 +18,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from ..e2e.server import ServerProcess
+from .wire import open_unread_stream, read_chunked_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -97,19 +97,6 @@ def test_load_counts_a_completion_while_it_runs(server):
     assert load(server) == 0
 
 
-def _open_stream(server, body: dict) -> socket.socket:
-    """A streamed request whose client reads nothing yet: a small receive buffer, so the server
-    cannot finish writing the answer until the client reads it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
-    data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
-                 % (KEY.encode(), len(data), data))
-    return sock
-
-
 # About 6.8 MB of chunks (n = 4 made 1.1 MB): more than the socket buffers hold (the kernel
 # grows a send buffer to 4 MiB here), so the answer cannot be written out before it is read,
 # however fast the machine generates it
@@ -118,24 +105,19 @@ STREAM = {"model": MODEL, "prompt": "Tell a story", "max_tokens": LONG, "ignore_
 
 
 def test_a_stream_counts_until_its_last_chunk_is_written(server):
-    sock = _open_stream(server, STREAM)
+    sock = open_unread_stream(server, STREAM, KEY)
     try:
         wait_for_load(server, 1)
         time.sleep(0.5)
         assert load(server) == 1  # still generating, or its answer unread
-        received = b""
-        while not received.endswith(b"0\r\n\r\n"):
-            chunk = sock.recv(1 << 16)
-            assert chunk, "the server closed the stream early"
-            received += chunk
-        assert b"data: [DONE]" in received
+        assert b"data: [DONE]" in read_chunked_to_end(sock)
     finally:
         sock.close()
     wait_for_load(server, 0)
 
 
 def test_a_client_that_goes_away_stops_counting(server):
-    sock = _open_stream(server, STREAM)
+    sock = open_unread_stream(server, STREAM, KEY)
     wait_for_load(server, 1)
     sock.close()
     wait_for_load(server, 0)

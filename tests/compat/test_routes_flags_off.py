@@ -4,7 +4,6 @@ and only load-aware calls move it), and GET /tokenizer_info is not a route witho
 --enable-tokenizer-info-endpoint (vLLM registers it only then): 404. /invocations needs no flag."""
 
 import json
-import socket
 import time
 import urllib.request
 
@@ -13,6 +12,7 @@ import pytest
 from openai.types import Completion
 
 from ..e2e.server import ServerProcess
+from .wire import open_unread_stream, read_chunked_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -39,21 +39,13 @@ def test_load_reads_zero_while_a_request_runs(server):
     # A stream of more bytes than the socket buffers hold (the kernel grows a send buffer to 4
     # MiB), read only after the polls: the request cannot finish before it is read, however
     # fast the machine generates it.
-    body = json.dumps({"model": MODEL, "prompt": "A long story:", "max_tokens": 400, "n": 24,
-                       "logprobs": 20, "stream": True, "ignore_eos": True}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", server.port))
+    body = {"model": MODEL, "prompt": "A long story:", "max_tokens": 400, "n": 24,
+            "logprobs": 20, "stream": True, "ignore_eos": True}
+    sock = open_unread_stream(server, body)
     try:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(0.5)
         seen = [get(server, "/load") for _ in range(5)]
-        received = b""
-        while not received.endswith(b"0\r\n\r\n"):
-            chunk = sock.recv(1 << 16)
-            assert chunk, "the server closed the stream early"
-            received += chunk
+        received = read_chunked_to_end(sock)
     finally:
         sock.close()
     assert b"data: [DONE]" in received and len(received) > 5_000_000  # it ran while polled
