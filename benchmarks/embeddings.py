@@ -13,10 +13,11 @@ sentence-transformers' encode(batch_size=...) in the same process, one after the
   float32 directory they were converted to (the same numbers: the kernels are bitwise the
   float32 model's), pooled as vLLM pools a causal LM: last token, normalized; a second row
   with --gguf-activations int8 (the layers' inputs rounded to int8 for integer dot
-  products, llama.cpp's arithmetic) where the CPU has that kernel (AVX2, AVX-512 VNNI);
+  products, llama.cpp's arithmetic) where the CPU has that kernel (AVX2, AVX-512 VNNI), and
+  one with --dtype bfloat16 (steps' GEMMs in bfloat16) where the CPU has AMX;
 - a BERT of all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads, random weights made by
   tools/make_tiny_bert.py: no model hub here), mean pooling, normalized, from its
-  sentence-transformers directory.
+  sentence-transformers directory; with AMX a --dtype bfloat16 row too.
 
 Both sides get a warm-up pass first; each figure is the best of --repeats passes. Cosine
 agreement of the two sides' embeddings is printed too.
@@ -151,12 +152,15 @@ def main() -> int:
     from pyserve import _native
     from pyserve.cli import parse_config
     from pyserve.model.default_model import ensure_default_model
+    from pyserve.model.layers.linear import bf16_gemm_supported
 
     default_dir = ensure_default_model(parse_config([]).model.download_dir)
     if not args.skip_decoder:
         variants = {"": dict(max_model_len=2048)}
         if _native.int8_dot_supported():
             variants[", --gguf-activations int8"] = dict(max_model_len=2048, gguf_activations="int8")
+        if bf16_gemm_supported():
+            variants[", --dtype bfloat16"] = dict(max_model_len=2048, dtype="bfloat16")
         throughput("default model (SmolLM2-135M, last token)", None, decoder_reference(default_dir),
                    items, args.batch_size, args.repeats, variants)
     if not args.skip_bert:
@@ -166,7 +170,8 @@ def main() -> int:
         bert = make_tiny_bert(Path(tempfile.mkdtemp(prefix="bench-bert-")), "bert", "mean",
                               overrides=MINILM)
         throughput("BERT (MiniLM-L6 shape, mean)", bert, SentenceTransformer(str(bert), device="cpu"),
-                   items, args.batch_size, args.repeats, {"": {}})
+                   items, args.batch_size, args.repeats,
+                   {"": {}, **({", --dtype bfloat16": dict(dtype="bfloat16")} if bf16_gemm_supported() else {})})
     if not args.skip_latency:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.e2e.server import ServerProcess

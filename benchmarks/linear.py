@@ -100,6 +100,9 @@ def main() -> None:
     if _native.int8_dot_supported():
         variants["Q4_1 int8 activations"] = [[w.view(torch.int8) for w in ws] for ws in variants["packed Q4_1"]]
     variants["BLAS on widened Q4_1"] = variants["packed Q4_1"]
+    # --dtype bfloat16 above its row threshold: inputs rounded to bfloat16, oneDNN's GEMM
+    # (AMX tiles where the CPU has them), the output widened back to float32
+    variants["bfloat16 GEMM"] = [[w.bfloat16() for w in ws] for ws in weights]
     macs = sum(n * k for n, k in SHAPES) * LAYERS
     print(f"{'rows':>5} " + " ".join(f"{name:>22}" for name in variants))
     for rows in (int(r) for r in args.rows.split(",") if r):  # --rows "": the decode table only
@@ -111,6 +114,8 @@ def main() -> None:
                     for (n, k), w in zip(SHAPES, layer):
                         if name.startswith("BLAS on"):
                             F.linear(x[k], _native.unpack_linear_weight(w, n))
+                        elif name == "bfloat16 GEMM":
+                            F.linear(x[k].bfloat16(), w).float()
                         elif name.startswith("BLAS"):
                             F.linear(x[k], w)
                         else:

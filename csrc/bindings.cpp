@@ -172,20 +172,23 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, double eps, at::Tensor qkv,
                        int64_t qkv_out, std::optional<at::Tensor> qkv_bias, at::Tensor o_proj,
                        at::Tensor gate_up, int64_t gate_up_out, at::Tensor down, std::array<int64_t, 4> max_rows, int64_t num_heads,
-                       int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale) {
+                       int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale,
+                       std::array<std::optional<at::Tensor>, 4> gemm_weights) {
              using pyserve::cpu::PackedLinear;
              const int64_t hidden = input_norm.numel();
              return pyserve::cpu::LlamaLayer(
-                 input_norm, post_norm, eps, PackedLinear{qkv, qkv_out, qkv_bias, max_rows[0]},
-                 PackedLinear{o_proj, hidden, std::nullopt, max_rows[1]},
-                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows[2]},
-                 PackedLinear{down, hidden, std::nullopt, max_rows[3]}, num_heads, num_kv_heads,
-                 head_dim, cos_sin, scale);
+                 input_norm, post_norm, eps,
+                 PackedLinear{qkv, qkv_out, qkv_bias, max_rows[0], gemm_weights[0]},
+                 PackedLinear{o_proj, hidden, std::nullopt, max_rows[1], gemm_weights[1]},
+                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows[2], gemm_weights[2]},
+                 PackedLinear{down, hidden, std::nullopt, max_rows[3], gemm_weights[3]}, num_heads,
+                 num_kv_heads, head_dim, cos_sin, scale);
            }),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),
            py::arg("qkv_out"), py::arg("qkv_bias"), py::arg("o_proj"), py::arg("gate_up"),
            py::arg("gate_up_out"), py::arg("down"), py::arg("max_rows"), py::arg("num_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"))
+           py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"),
+           py::arg("gemm_weights") = std::array<std::optional<at::Tensor>, 4>{})
       .def("forward", &pyserve::cpu::LlamaLayer::forward, py::arg("positions"), py::arg("hidden"),
            py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
                    help="model directory every server loads (llama-server: the GGUFs made from it)")
     p.add_argument("--gguf", type=Path, default=None,
-                   help="also offer pyserve-gguf, pyserve-gguf-int8 and llamacpp-gguf on this file (its conversion "
+                   help="also offer pyserve-gguf, pyserve-gguf-int8, pyserve-gguf-bf16 and llamacpp-gguf on this file (its conversion "
                         "replaces --model), e.g. Gemma 3: python tools/fetch_gemma3_gguf.py")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/peers/results",
                    help="folder for results.json, chart.png and logs/")

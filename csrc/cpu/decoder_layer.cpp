@@ -10,6 +10,10 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
     packed_linear(out, x.contiguous(), packed, bias);
     return out;
   }
+  if (gemm_weight.has_value()) {
+    at::Tensor out = at::linear(x.to(at::kBFloat16), *gemm_weight).to(at::kFloat);
+    return bias.has_value() ? out.add_(*bias) : out;
+  }
   return at::linear(x, unpack_linear_weight(packed, out_features), bias);
 }
 

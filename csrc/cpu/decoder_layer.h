@@ -21,7 +21,10 @@ struct PackedLinear {
   at::Tensor packed;
   int64_t out_features;
   std::optional<at::Tensor> bias;
-  int64_t max_rows;
+  int64_t max_rows;  // more rows than this: a GEMM (BLAS, or bfloat16 on gemm_weight)
+  // bfloat16 [out_features, K]: above max_rows x is rounded to bfloat16 for one GEMM on it,
+  // as layers/linear.py's bf16_linear does (--dtype bfloat16 with AMX)
+  std::optional<at::Tensor> gemm_weight;
   at::Tensor operator()(const at::Tensor& x) const;
 };
 

@@ -23,6 +23,7 @@ from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
 from pyserve.kv.groups import KVGroups, plan_kv_groups, sequence_blocks
 from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
+from pyserve.model.layers.linear import BF16_GEMM_MIN_ROWS, BF16_GEMM_MIN_ROWS_INT8, bf16_gemm_supported
 from pyserve.model.layers.parallel import kv_heads_per_rank
 from pyserve.model.loader import resolve_dtype
 from pyserve.model.models.bert import EncoderArch
@@ -121,6 +122,18 @@ def _int8_activations(requested: str) -> bool:
     return True
 
 
+def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dtype) -> bool:
+    """--dtype bfloat16 on the CPU: bfloat16 weights, float32 activations, and where the CPU
+    multiplies bfloat16 fast (AMX) the GEMMs of many-row steps (prefill) in bfloat16."""
+    if device.type != "cpu" or weight_dtype != torch.bfloat16 or dtype != torch.float32:
+        return False
+    if not bf16_gemm_supported():
+        logger.info("--dtype bfloat16: this CPU has no AMX-BF16, so GEMMs stay float32 "
+                    "(bfloat16 weights widened)")
+        return False
+    return True
+
+
 def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
     name = lambda d: str(d).removeprefix("torch.")
     if weight_dtype == dtype:
@@ -204,9 +217,13 @@ def resolve(config: Config) -> EnginePlan:
         graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
     gguf_kept = source.gguf_path is not None and device.type == "cpu" and dtype == torch.float32
     int8 = gguf_kept and _int8_activations(config.model.gguf_activations)
+    bf16_gemm = _bf16_gemm(device, dtype, weight_dtype)
     weights = (f"GGUF weights from {source.gguf_path.name}, "
                f"{'int8' if int8 else 'float32'} activations" if gguf_kept
                else _dtype_name(dtype, weight_dtype))
+    if bf16_gemm:
+        weights += (f"; bfloat16 GEMMs (AMX) from {BF16_GEMM_MIN_ROWS_INT8 if int8 else BF16_GEMM_MIN_ROWS}"
+                    " rows a step")
     order = config.cache.kv_block_order
     if order == "auto":
         order = "lru" if device.type == "cuda" else "resident"
@@ -216,7 +233,7 @@ def resolve(config: Config) -> EnginePlan:
                       sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder,
                       pipeline_parallel_size=pp,
                       pipeline_micro_batches=config.parallel.pipeline_micro_batches,
-                      kv_groups=kv_groups)
+                      kv_groups=kv_groups, bf16_gemm=bf16_gemm)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,

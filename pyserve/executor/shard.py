@@ -50,6 +50,7 @@ class ShardSpec:
     pipeline_parallel_size: int = 1  # stages; world size tensor_parallel_size * this
     pipeline_micro_batches: int = 1  # at most this many per step, so that stages overlap
     kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
+    bf16_gemm: bool = False  # steps of many rows: bfloat16 GEMMs (--dtype bfloat16 with AMX)
 
     @property
     def world_size(self) -> int:
@@ -94,7 +95,7 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
-                       spec.int8_activations, stage)
+                       spec.int8_activations, stage, spec.bf16_gemm)
     if links is not None:
         from pyserve.executor.pipeline_stage import PipelineStageModel
 

@@ -51,17 +51,21 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
                 module.weight.data = module.weight.data.to(weight_dtype)
 
 
-def pack_weights(model: torch.nn.Module, int8_activations: bool = False) -> None:
+def pack_weights(model: torch.nn.Module, int8_activations: bool = False,
+                 bf16_gemm: bool = False) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
     in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
-    layers that can run as one native call are set up to."""
+    layers that can run as one native call are set up to. bf16_gemm: the linear layers (not
+    the embedding and LM head, whose steps are few rows) keep a bfloat16 copy for bfloat16
+    GEMMs over many rows (layers/linear.py)."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
     from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear, pack_for_cpu
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             if module.gguf is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
-                pack_for_cpu(module, int8_activations)
+                pack_for_cpu(module, int8_activations,
+                             bf16_gemm and not isinstance(module, VocabParallelEmbedding))
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native()
@@ -142,11 +146,12 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
                device: torch.device, max_positions: int, seed: int,
                tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
                gguf_path: Path | None = None, int8_activations: bool = False,
-               stage: PipelineStage = WHOLE_MODEL) -> torch.nn.Module:
+               stage: PipelineStage = WHOLE_MODEL, bf16_gemm: bool = False) -> torch.nn.Module:
     """stage: the pipeline stage this process runs (its layers only).
     gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
     Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
-    int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products."""
+    int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products.
+    bf16_gemm: steps of many rows run the linear layers as bfloat16 GEMMs (pack_weights)."""
     quantized = {}
     if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
         from pyserve.model.gguf import gguf_blocks
@@ -159,7 +164,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        pack_weights(model, int8_activations)
+        pack_weights(model, int8_activations, bf16_gemm)
     return model
 
 

@@ -23,19 +23,57 @@ from pyserve.model.layers.quantized import (GGUFBlocks, GGUFParts, part_destinat
 PACKED_MAX_ROWS = 256
 QUANTIZED_PACKED_MAX_ROWS = 384
 
+# With bfloat16 GEMMs (--dtype bfloat16 on a CPU with AMX-BF16: oneDNN's tiles multiply
+# bfloat16 at several times float32's rate) a layer of at least this many rows rounds its
+# input to bfloat16 for one GEMM on a bfloat16 copy of its weight. Below, the packed kernel
+# (memory-bound) stays ahead: on SmolLM2's 30 layers (python -m benchmarks.linear) 16 rows
+# took 19.7 ms as a bf16 GEMM against 14.2 packed Q4_1 and 27.9 packed bf16; 32 rows 24.9
+# against 24.3 and 50.2; 64 rows 30.1 against 49.8. Int8-activation panels hold out longer
+# (128 rows: 40.5 against 40.8 ms; 256: 62.4 against 77.3).
+BF16_GEMM_MIN_ROWS = 32
+BF16_GEMM_MIN_ROWS_INT8 = 128
 
-def packed_max_rows(packed: torch.Tensor) -> int:
-    """The most rows of x the packed kernel takes for this packed weight (see above)."""
+
+def packed_max_rows(packed: torch.Tensor, bf16_gemm: bool = False) -> int:
+    """The most rows of x the packed kernel takes for this packed weight (see above); more go
+    to BLAS, or to the bfloat16 GEMM where the layer has one (bf16_gemm)."""
+    if bf16_gemm:
+        return (BF16_GEMM_MIN_ROWS_INT8 if packed.dtype == torch.int8 else BF16_GEMM_MIN_ROWS) - 1
     if packed.dtype == torch.int8:
         return torch.iinfo(torch.int64).max
     return QUANTIZED_PACKED_MAX_ROWS if packed.dtype == torch.uint8 else PACKED_MAX_ROWS
 
 
-def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
+def bf16_gemm_supported() -> bool:
+    """Whether bfloat16 GEMMs pay on this CPU: AMX tiles (measured: ~1,200 against ~300
+    GFLOP/s for float32 BLAS at 512 rows on two Sapphire Rapids-class cores). AVX-512 BF16
+    alone (vdpbf16ps, e.g. Zen 4) is not measured yet, so it keeps the float32 GEMM."""
+    return torch.cpu._is_amx_tile_supported()
+
+
+def pack_for_cpu(layer: nn.Module, int8_activations: bool = False, bf16_gemm: bool = False) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
     lookup read. The unpacked copy is freed. int8_activations: a Q4_1 / Q8_0 layer then quantizes its
-    input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h)."""
+    input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h).
+    bf16_gemm: the layer also keeps its weight as plain bfloat16 [N, K] (gemm_weight, 2 bytes a
+    weight besides the packed form) for steps of BF16_GEMM_MIN_ROWS rows or more."""
+    _pack(layer, int8_activations)
+    parts = getattr(layer, "packed_parts", None)
+    if not bf16_gemm:
+        layer.max_packed_rows = (packed_max_rows(layer.packed) if layer.packed is not None
+                                 else min(packed_max_rows(p) for p, _ in parts))
+        return
+    if layer.packed is not None:
+        layer.gemm_weight = _native.unpack_linear_weight(layer.packed, layer.out_features).bfloat16()
+        layer.max_packed_rows = packed_max_rows(layer.packed, bf16_gemm=True)
+    else:
+        layer.gemm_weight = torch.cat([_native.unpack_linear_weight(p, rows).bfloat16()
+                                       for p, rows in parts])
+        layer.max_packed_rows = min(packed_max_rows(p, bf16_gemm=True) for p, _ in parts)
+
+
+def _pack(layer: nn.Module, int8_activations: bool) -> None:
     weight, gguf = layer.weight.data, layer.gguf
     if isinstance(gguf, GGUFParts) and len(gguf.types) > 1:
         # a merged parameter of several types: one packed weight per part, each part's
@@ -59,6 +97,9 @@ def pack_for_cpu(layer: nn.Module, int8_activations: bool = False) -> None:
 def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] · layer's weight [N, K]ᵀ + bias, in x's dtype (float32 on the CPU, whose
     weights may be stored as bfloat16: half the bytes to read)."""
+    gemm = getattr(layer, "gemm_weight", None)
+    if gemm is not None and x.shape[0] > layer.max_packed_rows:
+        return bf16_linear(x, gemm, bias)
     packed = layer.packed
     if packed is None:
         if getattr(layer, "packed_parts", None) is not None:
@@ -69,6 +110,14 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
     return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x · weightᵀ (+ bias) with x rounded to bfloat16 for a bfloat16 GEMM (float32
+    accumulation inside; the output comes back rounded to bfloat16, as vLLM's bfloat16 GEMMs
+    give it), widened to float32 for the rest of the model. The bias is added in float32."""
+    out = F.linear(x.to(torch.bfloat16), weight).float()
+    return out if bias is None else out.add_(bias)
 
 
 def _apply_parts(x: torch.Tensor, parts, bias: torch.Tensor | None) -> torch.Tensor:
@@ -111,6 +160,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = _param((out,), dtype, self._load) if bias else None
         self.packed = None  # set by pack_for_cpu
         self.packed_parts = None  # instead, per part: a merged GGUF weight of several types
+        self.gemm_weight = None  # bfloat16 [N, K] for bfloat16 GEMMs (pack_for_cpu's bf16_gemm)
         self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
@@ -164,6 +214,7 @@ class RowParallelLinear(nn.Module):
         self.weight = _param((output_size, self.input_per_rank), dtype, self._load_weight)
         self.bias = _param((output_size,), dtype, self._load_bias) if bias else None
         self.packed = None  # set by pack_for_cpu
+        self.gemm_weight = None  # bfloat16 [N, K] for bfloat16 GEMMs (pack_for_cpu's bf16_gemm)
         self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def _load_weight(self, param: nn.Parameter, loaded) -> None:

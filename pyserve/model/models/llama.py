@@ -18,8 +18,7 @@ from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
-                                         packed_max_rows)
+from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -109,8 +108,9 @@ class LlamaDecoderLayer(nn.Module):
             self.input_layernorm.eps, attn.qkv_proj.packed, attn.qkv_proj.out_features,
             attn.qkv_proj.bias, attn.o_proj.packed, mlp.gate_up_proj.packed,
             mlp.gate_up_proj.out_features, mlp.down_proj.packed,
-            [packed_max_rows(l.packed) for l in linears], attn.num_heads,
-            attn.num_kv_heads, attn.head_dim, attn.rotary.cos_sin, attn.attn.scale)
+            [l.max_packed_rows for l in linears], attn.num_heads,
+            attn.num_kv_heads, attn.head_dim, attn.rotary.cos_sin, attn.attn.scale,
+            [l.gemm_weight for l in linears])
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
         if self.native is not None:
