@@ -59,18 +59,12 @@ def pack_for_cpu(layer: nn.Module, int8_activations: bool = False, bf16_gemm: bo
     bf16_gemm: the layer also keeps its weight as plain bfloat16 [N, K] (gemm_weight, 2 bytes a
     weight besides the packed form) for steps of BF16_GEMM_MIN_ROWS rows or more."""
     _pack(layer, int8_activations)
-    parts = getattr(layer, "packed_parts", None)
-    if not bf16_gemm:
-        layer.max_packed_rows = (packed_max_rows(layer.packed) if layer.packed is not None
-                                 else min(packed_max_rows(p) for p, _ in parts))
-        return
-    if layer.packed is not None:
-        layer.gemm_weight = _native.unpack_linear_weight(layer.packed, layer.out_features).bfloat16()
-        layer.max_packed_rows = packed_max_rows(layer.packed, bf16_gemm=True)
-    else:
+    parts = ([(layer.packed, layer.out_features)] if layer.packed is not None
+             else layer.packed_parts)
+    layer.max_packed_rows = min(packed_max_rows(p, bf16_gemm) for p, _ in parts)
+    if bf16_gemm:
         layer.gemm_weight = torch.cat([_native.unpack_linear_weight(p, rows).bfloat16()
                                        for p, rows in parts])
-        layer.max_packed_rows = min(packed_max_rows(p, bf16_gemm=True) for p, _ in parts)
 
 
 def _pack(layer: nn.Module, int8_activations: bool) -> None:
@@ -105,7 +99,7 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
         if getattr(layer, "packed_parts", None) is not None:
             return _apply_parts(x, layer.packed_parts, bias)
         return F.linear(x, layer.weight.to(x.dtype), bias)
-    if x.shape[0] <= packed_max_rows(packed):
+    if x.shape[0] <= layer.max_packed_rows:
         out = x.new_empty(x.shape[0], layer.out_features)
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
