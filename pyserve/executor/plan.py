@@ -222,8 +222,9 @@ def resolve(config: Config) -> EnginePlan:
                f"{'int8' if int8 else 'float32'} activations" if gguf_kept
                else _dtype_name(dtype, weight_dtype))
     if bf16_gemm:
-        weights += (f"; bfloat16 GEMMs (AMX) from {BF16_GEMM_MIN_ROWS_INT8 if int8 else BF16_GEMM_MIN_ROWS}"
-                    " rows a step")
+        weights += f"; bfloat16 GEMMs (AMX) from {BF16_GEMM_MIN_ROWS} rows a step"
+        if int8:  # layers with int8-activation panels hold out longer (layers/linear.py)
+            weights += f", {BF16_GEMM_MIN_ROWS_INT8} on int8 layers"
     order = config.cache.kv_block_order
     if order == "auto":
         order = "lru" if device.type == "cuda" else "resident"
