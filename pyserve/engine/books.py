@@ -34,7 +34,8 @@ class RequestCounts:
 
 def engine_books(core, count_references: bool = False) -> dict:
     """The books of an EngineCore. count_references: also walk every KV block's ref count
-    (O(blocks), for the debug route) to cross-check the pool's free count."""
+    (O(blocks), for the debug route) to cross-check the pool's free count, and count the KV
+    pool's resident pages."""
     pool, counts = core.kv.pool, core.requests.counts
     books = {
         "requests_accepted": counts.accepted,
@@ -46,6 +47,10 @@ def engine_books(core, count_references: bool = False) -> dict:
         "kv_blocks_total": pool.num_blocks,
         "kv_blocks_referenced": pool.num_blocks - pool.num_free,
         "kv_blocks_cached": pool.num_cached,
+        # blocks ever handed out: the KV pool's memory written so far, which a resident-order
+        # pool grows (to its high-water mark of blocks held at once) without leaking
+        "kv_blocks_touched": pool.num_touched,
+        "kv_bytes_per_block": core.kv_bytes_per_block,
         "kv_manager_requests": core.kv.num_tracked_requests(),
         "runner_requests": core.executor.runner.num_tracked_requests,
         "runner_ends_pending": core.scheduler.num_finished_pending,
@@ -53,6 +58,9 @@ def engine_books(core, count_references: bool = False) -> dict:
     if count_references:
         books["kv_blocks_with_references"] = sum(
             1 for block in range(pool.num_blocks) if pool.ref_count(block) > 0)
+        # the pool's pages resident in this process (mincore; None on a GPU): with
+        # kv_blocks_touched, what a soak subtracts from the RSS to see what else grows
+        books["kv_pool_resident_bytes"] = core.executor.runner.kv_resident_bytes()
     return books
 
 

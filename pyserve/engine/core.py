@@ -95,6 +95,7 @@ class EngineCore:
                         "(--disable-hybrid-kv-cache-manager keeps them)", groups.num_groups,
                         groups.group_size, ", ".join(
                             "global" if w is None else f"window {w}" for w in groups.windows))
+        self.kv_bytes_per_block = plan.bytes_per_block  # one rank's
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order,
                                  groups)
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)

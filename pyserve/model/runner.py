@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pyserve.kv.residency import resident_bytes
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.pooler import PoolingRows, pool_step
 from pyserve.model.verify import verify, verify_on_device
@@ -135,6 +136,11 @@ class ModelRunner:
     @property
     def num_tracked_requests(self) -> int:
         return len(self._generators)
+
+    def kv_resident_bytes(self) -> int | None:
+        """The KV pool's memory written so far (its one storage, kv/cache.py); None on a GPU."""
+        layer = next((c for c in self.kv_caches if c is not None), None)
+        return 0 if layer is None else resident_bytes(layer.key)
 
     def prepare(self, step: SchedulerOutput) -> PreparedBatch:
         for request_id in step.finished_request_ids:

@@ -148,6 +148,10 @@ class EngineCollector:
         yield self._one(GaugeMetricFamily("pyserve:kv_blocks_referenced", "KV-cache blocks "
                                           "held by a request (ref count above 0); 0 when idle.",
                                           labels=LABELS), books["kv_blocks_referenced"])
+        yield self._one(GaugeMetricFamily("pyserve:kv_blocks_touched", "KV-cache blocks ever "
+                                          "allocated: those whose memory the cache has written "
+                                          "(resident order grows it only to the most held at "
+                                          "once).", labels=LABELS), books["kv_blocks_touched"])
 
     def _prompt_tokens_by_source(self, stats):
         family = CounterMetricFamily("vllm:prompt_tokens_by_source",

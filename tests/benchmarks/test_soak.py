@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.slow
 def test_soak_two_minutes(tiny_dir):
     done = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--minutes", "2", "--json",
-                           "--model", str(tiny_dir), "--interval", "5", "--checkpoint", "25"],
+                           "--model", str(tiny_dir), "--interval", "5", "--checkpoint", "15"],
                           capture_output=True, text=True, timeout=600)
     assert done.stdout.strip(), done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -34,3 +34,11 @@ def test_soak_two_minutes(tiny_dir):
     assert len(checkpoints) >= 2
     assert all(c["rss_anon_kib"] > 0 for c in checkpoints)
     assert checkpoints[1]["requests"] > checkpoints[0]["requests"] > 0
+    # the KV pool's resident share is read at each checkpoint, and is what its touched blocks hold
+    books_block = books["kv_bytes_per_block"]
+    for c in checkpoints:
+        assert c["kv_blocks_touched"] > 0
+        assert c["kv_pool_resident_kib"] is not None
+        assert c["kv_pool_resident_kib"] <= c["kv_blocks_touched"] * books_block // 1024 + 64
+    assert report["quiescent_slope_excluding_kv_pool_kib_per_1000_requests"] is not None
+

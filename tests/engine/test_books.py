@@ -56,6 +56,13 @@ def test_every_request_ends_once_and_an_idle_engine_holds_nothing(core):
     assert problems(books) == []
     assert books["kv_blocks_with_references"] == 0 and books["kv_blocks_cached"] > 0  # cached, free
     assert books["runner_requests"] <= books["runner_ends_pending"]  # seeded: until the next step
+    # blocks ever handed out: at least those the run held at once, never above the pool, and a
+    # finished run returns none of them (the pool's memory stays written)
+    assert running["kv_blocks_referenced"] <= books["kv_blocks_touched"] <= books["kv_blocks_total"]
+    assert books["kv_blocks_touched"] >= running["kv_blocks_touched"] > 0
+    assert books["kv_bytes_per_block"] > 0
+    pool_bytes = books["kv_blocks_total"] * books["kv_bytes_per_block"]
+    assert 0 < books["kv_pool_resident_bytes"] <= pool_bytes + 8192  # written pages, whole ones
 
 
 def test_a_leak_is_named(core):

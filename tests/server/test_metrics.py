@@ -31,7 +31,8 @@ COUNTS = {"vllm:iteration_tokens_total": ITERATION_TOKEN_BUCKETS,
               "request_params_max_tokens")}}
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
           "vllm:cache_config_info",
-          "pyserve:request_state_entries", "pyserve:kv_blocks_referenced")  # the books, ours
+          "pyserve:request_state_entries", "pyserve:kv_blocks_referenced",  # the books, ours
+          "pyserve:kv_blocks_touched")
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
             "vllm:prompt_tokens", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
             "vllm:generation_tokens", "vllm:request_success",
@@ -171,3 +172,5 @@ def test_the_books_balance_after_the_run(engine_run):
     holders = {s.labels["holder"]: s.value for s in after["pyserve:request_state_entries"].samples}
     assert holders["request_table"] == holders["kv_manager"] == 0 and "streams" not in holders
     assert value(after["pyserve:kv_blocks_referenced"]) == 0
+    assert value(after["pyserve:kv_blocks_touched"]) >= value(before["pyserve:kv_blocks_touched"])
+    assert value(after["pyserve:kv_blocks_touched"]) > 0
