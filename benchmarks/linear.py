@@ -57,16 +57,15 @@ def _random_blocks(kind: str, n: int, k: int, rng: np.random.Generator) -> torch
 
 
 def decode_bandwidth(repeats: int) -> None:
-    """One row through DECODE_LAYERS layers per type: GB/s of packed weight bytes."""
+    """One row through DECODE_LAYERS layers per type: GB/s of packed weight bytes, for float32
+    activations and, where the type has that kernel, int8 ones (--gguf-activations int8)."""
     rng = np.random.default_rng(0)
     x = {k: torch.randn(1, k) for k in {k for _, k in DECODE_SHAPES}}
-    print(f"\ndecode (1 row), {DECODE_LAYERS} TinyLlama layers: packed weight GB/s per GGUF type")
-    for kind in GGUF_BLOCKS:
-        layers = [[_native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind) for n, k in DECODE_SHAPES]
-                  for _ in range(DECODE_LAYERS)]
-        total = sum(w.numel() for ws in layers for w in ws)
-        out = {n: torch.empty(1, n) for n, _ in DECODE_SHAPES}
+    out = {n: torch.empty(1, n) for n, _ in DECODE_SHAPES}
+    print(f"\ndecode (1 row), {DECODE_LAYERS} TinyLlama layers: packed weight GB/s per GGUF type "
+          "(float32 activations; int8 ones where the type has that kernel)")
 
+    def seconds_per_pass(layers) -> float:
         def one_pass():
             for ws in layers:
                 for (n, k), w in zip(DECODE_SHAPES, ws):
@@ -75,10 +74,23 @@ def decode_bandwidth(repeats: int) -> None:
         start = time.perf_counter()
         for _ in range(repeats * 4):
             one_pass()
-        seconds = (time.perf_counter() - start) / (repeats * 4)
+        return (time.perf_counter() - start) / (repeats * 4)
+
+    for kind in GGUF_BLOCKS:
+        layers = [[_native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind) for n, k in DECODE_SHAPES]
+                  for _ in range(DECODE_LAYERS)]
+        total = sum(w.numel() for ws in layers for w in ws)
+        seconds = seconds_per_pass(layers)
         bits = total * 8 / (sum(n * k for n, k in DECODE_SHAPES) * DECODE_LAYERS)
-        print(f"  {kind:5} {bits:5.2f} bits/weight  {total / 1e6:6.1f} MB  {seconds * 1e3:7.2f} ms "
-              f"{total / seconds / 1e9:6.1f} GB/s", flush=True)
+        line = (f"  {kind:5} {bits:5.2f} bits/weight  {total / 1e6:6.1f} MB  {seconds * 1e3:7.2f} ms "
+                f"{total / seconds / 1e9:6.1f} GB/s")
+        # the same bytes marked int8 where the type has the int8 kernel (pack_gguf_weight)
+        marked = _native.int8_dot_supported() and _native.pack_gguf_weight(
+            _random_blocks(kind, 32, 256, rng), 256, kind, int8_activations=True).dtype == torch.int8
+        if marked:
+            int8_seconds = seconds_per_pass([[w.view(torch.int8) for w in ws] for ws in layers])
+            line += f"   int8 {int8_seconds * 1e3:7.2f} ms {total / int8_seconds / 1e9:6.1f} GB/s"
+        print(line, flush=True)
         del layers
 
 

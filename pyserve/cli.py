@@ -142,7 +142,7 @@ def _model_flags(g) -> None:
     g.add_argument("--gguf-activations", choices=GGUF_ACTIVATIONS, default="float32",
                    help="GGUF weights kept quantized on the CPU: float32 activations (output bitwise that "
                    "of the float32 model) or int8 (quantized per block of 32 for integer dot "
-                   "products, as llama.cpp does, in the Q4_0 / Q4_1 / Q4_K / Q8_0 layers: about 2x "
+                   "products, as llama.cpp does, in the Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 layers: about 2x "
                    "faster linear layers with AVX2, 2-3x with AVX-512 VNNI; not bitwise)")
     g.add_argument("--generation-config", default="auto",
                    help="default sampling parameters for fields a request leaves out: auto (the "

@@ -112,7 +112,7 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
                        weights=gguf),
             ServerSpec("pyserve-gguf-int8", "pyserve-gguf with --gguf-activations int8 (the "
-                       "Q4_0 / Q4_1 / Q4_K / Q8_0 layers; the others stay exact)",
+                       "Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 layers; Q6_K stays exact)",
                        lambda port: pyserve_gguf + ["--port", str(port), "--gguf-activations", "int8"],
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
                        weights=gguf),

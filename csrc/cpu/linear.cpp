@@ -466,13 +466,22 @@ void tile_plain(int rows, const float* x, int64_t ldx, const uint8_t* panel, int
 // Q4_1's order) and w = d·q + m for the kLanes columns from kLanes·v. Q4_0 and the K-quants
 // say so themselves (cpu/linear_kquant.h: m = -8 d, or d = d·sc and m = -dmin·m of the 32
 // k's sub-block).
+// Q5_0 and Q5_K add a plane of fifth bits (kFifthBits), in the order that puts each lane's
+// four at bit 4 of its bytes from one shift (kquant::fifth_bit_position).
 template <typename Format>
 struct NibbleBlocks {
+  static constexpr bool kFifthBits = requires(const uint8_t* p) { Format::int8_fifth_bits(p, 0); };
   static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return Format::int8_nibbles(panel, g); }
+  static const uint8_t* fifth_bits(const uint8_t* panel, int64_t g) {
+    if constexpr (kFifthBits) return Format::int8_fifth_bits(panel, g);
+    else return nullptr;
+  }
   static void scales(const uint8_t* panel, int64_t g, int v, vec& d, vec& m) { Format::int8_scales(panel, g, v, d, m); }
 };
 template <>
 struct NibbleBlocks<Q4_1Format> {
+  static constexpr bool kFifthBits = false;
+  static const uint8_t* fifth_bits(const uint8_t*, int64_t) { return nullptr; }
   static const uint8_t* nibbles(const uint8_t* panel, int64_t g) { return panel + g * Q4_1Format::kGroupBytes + 128; }
   static void scales(const uint8_t* panel, int64_t g, int v, vec& d, vec& m) {
     const uint8_t* group = panel + g * Q4_1Format::kGroupBytes;
@@ -525,26 +534,39 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale
   });
 }
 
-// out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K)
+// out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K, and
+// with their fifth bits Q5_0, Q5_K: q up to 31, whose products vpdpbusd sums in int32 alike)
 template <int MR, typename Format>
 inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
                          float* out, int64_t ldo, int64_t cols, const float* bias) {
+  using Blocks = NibbleBlocks<Format>;
   constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
   const int64_t groups = K / kGroup;
-  const __m512i nibble = _mm512_set1_epi8(15);
+  const __m512i nibble = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16);
   __m512 acc[MR][2];
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* nibbles = NibbleBlocks<Format>::nibbles(panel, g);
+    const uint8_t* nibbles = Blocks::nibbles(panel, g);
     for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
     __m512i dot[MR][2];
     for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    __m512i fifth[2][2];  // [half][k < 16, k >= 16]: each column's word, shifted right by j below
+    if constexpr (Blocks::kFifthBits)
+      for (int h = 0; h < 2; ++h) {
+        fifth[h][1] = _mm512_loadu_si512(Blocks::fifth_bits(panel, g) + h * 64);
+        fifth[h][0] = _mm512_slli_epi32(fifth[h][1], 4);
+      }
     for (int j = 0; j < 4; ++j) {
       __m512i w[2][2];  // [half][k 4j.. or 16 + 4j..]
       for (int h = 0; h < 2; ++h) {
         const __m512i raw = _mm512_loadu_si512(nibbles + h * 256 + j * 64);
         w[h][0] = _mm512_and_si512(raw, nibble);
         w[h][1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+        if constexpr (Blocks::kFifthBits)
+          for (int t = 0; t < 2; ++t) {
+            w[h][t] = _mm512_or_si512(w[h][t], _mm512_and_si512(fifth[h][t], bit4));
+            fifth[h][t] = _mm512_srli_epi32(fifth[h][t], 1);
+          }
       }
       for (int m = 0; m < MR; ++m) {
         const int8_t* xq = q + m * K + g * kGroup;
@@ -559,7 +581,7 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
       }
     }
     vec d[kVecs], mins[kVecs];
-    for (int h = 0; h < kVecs; ++h) NibbleBlocks<Format>::scales(panel, g, h, d[h], mins[h]);
+    for (int h = 0; h < kVecs; ++h) Blocks::scales(panel, g, h, d[h], mins[h]);
     for (int m = 0; m < MR; ++m)
       for (int h = 0; h < 2; ++h)
         acc[m][h] = add_nibble_block(acc[m][h], dot[m][h], d[h], mins[h], scale_sum + (m * groups + g) * 2);
@@ -620,7 +642,7 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
 // their mask 3 more), 4 for Q8_0, whose sums take more temporaries (the best of 3 to 6 rows
 // in a single-thread benchmark).
 template <typename Format>
-constexpr int kInt8Rows = std::is_same_v<Format, Q8_0Format> ? 4 : 6;
+constexpr int kInt8Rows = std::is_same_v<Format, Q8_0Format> || NibbleBlocks<Format>::kFifthBits ? 4 : 6;
 
 // x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale_sum) {
@@ -670,13 +692,16 @@ inline void store_result(const float (&result)[MR][kPanel], float* out, int64_t 
 
 // out[MR, 32] from MR quantized rows and one panel of a nibble format (Q4_1, Q4_0, Q4_K).
 // Per column and 32 k, 8 vpmaddubsw give pair sums of q (0 .. 15) by qx (|qx| <= 127), each
-// within ±3,810, so all 8 add up in int16 (±30,480) before one vpmaddwd widens them.
+// within ±3,810, so all 8 add up in int16 (±30,480) before one vpmaddwd widens them. With
+// fifth bits (Q5_0, Q5_K: q up to 31, pair sums within ±7,874) only 4 fit, so the int16 sums
+// are widened after every second block.
 template <int MR, typename Format>
 inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
                          float* out, int64_t ldo, int64_t cols, const float* bias) {
+  using Blocks = NibbleBlocks<Format>;
   constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
   const int64_t groups = K / kGroup;
-  const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);
   alignas(64) float result[MR][kPanel];
   for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, bytes 32 (v % 2) ..
     vec acc[MR];
@@ -684,13 +709,24 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
     for (int64_t g = 0; g < groups; ++g) {
       if (v == 0)
         for (int64_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
-      const uint8_t* nibbles = NibbleBlocks<Format>::nibbles(panel, g) + (v / 2) * 256 + (v % 2) * 32;
+      const uint8_t* nibbles = Blocks::nibbles(panel, g) + (v / 2) * 256 + (v % 2) * 32;
       const int8_t* xq = q + g * kGroup;
-      __m256i dot[MR];
-      for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
+      __m256i dot[MR], wide[MR];
+      for (int m = 0; m < MR; ++m) dot[m] = wide[m] = _mm256_setzero_si256();
+      __m256i fifth_low, fifth_high;  // the columns' words, shifted right by j below
+      if constexpr (Blocks::kFifthBits) {
+        fifth_high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Blocks::fifth_bits(panel, g) + v * 32));
+        fifth_low = _mm256_slli_epi32(fifth_high, 4);
+      }
       for (int j = 0; j < 4; ++j) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + j * 64));
-        const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        if constexpr (Blocks::kFifthBits) {
+          low = _mm256_or_si256(low, _mm256_and_si256(fifth_low, bit4));
+          high = _mm256_or_si256(high, _mm256_and_si256(fifth_high, bit4));
+          fifth_low = _mm256_srli_epi32(fifth_low, 1);
+          fifth_high = _mm256_srli_epi32(fifth_high, 1);
+        }
         for (int m = 0; m < MR; ++m) {
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast4(xq + m * K + 4 * j)),
                                                  _mm256_maddubs_epi16(high, broadcast4(xq + m * K + 16 + 4 * j)));
@@ -698,12 +734,20 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
           // keeps gcc from hoisting every product of the group ahead of the sums (which
           // spilled them all to the stack)
           __asm__("" : "+x"(dot[m]));
+          if constexpr (Blocks::kFifthBits) {
+            if (j % 2 == 1) {
+              wide[m] = _mm256_add_epi32(wide[m], _mm256_madd_epi16(dot[m], ones));
+              dot[m] = _mm256_setzero_si256();
+            }
+          }
         }
       }
       vec d, mins;
-      NibbleBlocks<Format>::scales(panel, g, v, d, mins);
-      for (int m = 0; m < MR; ++m)
-        acc[m] = add_nibble_block(acc[m], _mm256_madd_epi16(dot[m], ones), d, mins, scale_sum + (m * groups + g) * 2);
+      Blocks::scales(panel, g, v, d, mins);
+      for (int m = 0; m < MR; ++m) {
+        const __m256i sums = Blocks::kFifthBits ? wide[m] : _mm256_madd_epi16(dot[m], ones);
+        acc[m] = add_nibble_block(acc[m], sums, d, mins, scale_sum + (m * groups + g) * 2);
+      }
     }
     store_columns<MR>(acc, result, v);
   }
@@ -877,9 +921,16 @@ constexpr std::pair<const char*, Kind> kBlockTypes[] = {
     {"Q4_0", Kind::kQ4_0}, {"Q4_1", Kind::kQ4_1}, {"Q5_0", Kind::kQ5_0}, {"Q8_0", Kind::kQ8_0},
     {"Q4_K", Kind::kQ4_K}, {"Q5_K", Kind::kQ5_K}, {"Q6_K", Kind::kQ6_K}};
 
-// the nibble formats and Q8_0, whose int8 kernel pays (cpu/ops.h)
+// the formats with an int8 kernel (cpu/ops.h): the nibble ones (with Q5_0's and Q5_K's
+// fifth bits) and Q8_0; Q6_K's two scales per 32 k have none yet
+template <typename Format>
+constexpr bool kHasInt8Kernel = std::is_same_v<Format, Q4_0Format> || std::is_same_v<Format, Q4_1Format> ||
+                                std::is_same_v<Format, Q5_0Format> || std::is_same_v<Format, Q8_0Format> ||
+                                std::is_same_v<Format, Q4_KFormat> || std::is_same_v<Format, Q5_KFormat>;
 bool has_int8_kernel(Kind kind) {
-  return kind == Kind::kQ4_0 || kind == Kind::kQ4_1 || kind == Kind::kQ8_0 || kind == Kind::kQ4_K;
+  bool has = false;
+  with_format(kind, [&]<typename Format>() { has = kHasInt8Kernel<Format>; });
+  return has;
 }
 
 Kind kind_of(const at::Tensor& packed) {
@@ -1059,8 +1110,7 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
   if (packed.scalar_type() == at::kChar) {  // kind_of let through only has_int8_kernel's
     const auto* weight = static_cast<const uint8_t*>(packed.data_ptr());
     with_format(kind, [&]<typename Format>() {
-      if constexpr (std::is_same_v<Format, Q4_0Format> || std::is_same_v<Format, Q4_1Format> ||
-                    std::is_same_v<Format, Q8_0Format> || std::is_same_v<Format, Q4_KFormat>)
+      if constexpr (kHasInt8Kernel<Format>)
         int8_linear<Format>(x.data_ptr<float>(), weight, b, out.data_ptr<float>(), M, N, K);
     });
     return;

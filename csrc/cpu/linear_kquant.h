@@ -7,8 +7,10 @@
 // Nibbles, in every format here, sit as linear.cpp's Q4_1 has them: per 32 k, two halves of 16
 // columns, each 4 blocks of 64 bytes; in block j, bytes 4c .. 4c + 3 hold column c's q at
 // k = 4j .. 4j + 3 in their low nibbles and at k = 16 + 4j .. in their high (vpdpbusd's order).
-// Higher bits sit in one 32-bit word per column and 32 k (16 k for Q6_K's two bits), bit i
-// (bits 2i, 2i + 1) for k = i, so one variable shift reads them for a vector of columns.
+// Higher bits sit in one 32-bit word per column and 32 k (16 k for Q6_K's two bits), so one
+// shift reads them for a vector of columns: Q6_K's bits 2i, 2i + 1 for k = i; Q5_0's and
+// Q5_K's fifth bits in the nibbles' byte order (fifth_bit_position), so that the int8
+// kernel's bytes of k = 4j + b (b = 0 .. 3, a lane's four) get theirs from one shift and mask.
 //
 // Groups (the unit of a panel's tensor dimension 1) hold 32 k for Q4_0 / Q5_0 and one
 // super-block of 256 k for the K-quants, whose d and dmin cover all 256:
@@ -55,6 +57,20 @@ inline int nibble_at(const uint8_t* nibbles, int64_t k, int64_t c) {
 inline void put_nibble(uint8_t* nibbles, int64_t k, int64_t c, int q) {
   uint8_t& dst = nibbles[nibble_byte(k, c)];
   dst = nibble_shift(k) == 0 ? (dst & 0xF0) | q : (dst & 0x0F) | (q << 4);
+}
+
+// where the fifth bit of k (0 .. 31) sits in a Q5_0 / Q5_K column's word: byte b = k % 4, at
+// bit k / 4 of it for k < 16 and 4 + (k - 16) / 4 above. Block j of the nibbles (k = 4j + b and
+// 16 + 4j + b) then finds its fifth bits at bit 4 of each byte of (word << 4) >> j and of
+// word >> j.
+constexpr int fifth_bit_position(int64_t k) {
+  return static_cast<int>(8 * (k % 4) + (k < 16 ? k / 4 : 4 + (k - 16) / 4));
+}
+inline uint32_t fifth_bit_word(const uint8_t* qh_bits) {  // 32 bits, bit i for k = i -> that order
+  const uint32_t bits = u32_at(qh_bits);
+  uint32_t word = 0;
+  for (int i = 0; i < kGroup; ++i) word |= ((bits >> i) & 1u) << fifth_bit_position(i);
+  return word;
 }
 
 // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins -> sc[8], m[8] (ggml's get_scale_min_k4)
@@ -166,12 +182,13 @@ struct Q5_0Format {
   static int64_t panel_bytes(int64_t K) { return K / kSuperK * kGroupBytes; }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
     const uint8_t* g = panel + k / kSuperK * kGroupBytes;
-    const int q = nibble_at(g + 192, k, c) | ((u32_at(g + 64 + 4 * c) >> (k % kGroup)) & 1) << 4;
+    const int q = nibble_at(g + 192, k, c) | ((u32_at(g + 64 + 4 * c) >> fifth_bit_position(k % kGroup)) & 1) << 4;
     return half_at(g + 2 * c) * static_cast<float>(q - 16);
   }
   static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
     std::memcpy(g + 2 * c, block, 2);
-    std::memcpy(g + 64 + 4 * c, block + 2, 4);  // bit i: q_i's fifth bit, as the file has it
+    const uint32_t fifth = fifth_bit_word(block + 2);  // the file's bit i: q_i's fifth bit
+    std::memcpy(g + 64 + 4 * c, &fifth, 4);
     for (int64_t j = 0; j < kGroup; ++j) put_nibble(g + 192, j, c, j < 16 ? block[6 + j] & 15 : block[6 + j - 16] >> 4);
   }
 #ifdef PYSERVE_VEC
@@ -184,11 +201,20 @@ struct Q5_0Format {
     template <int KK>
     void row(simd::vec* w) const {
       for (int u = 0; u < v::kVecs; ++u) {
-        const auto ints = v::ior(v::nibbles<KK>(q, u), v::high_bits<KK, 16>(high, u));
+        const auto ints = v::ior(v::nibbles<KK>(q, u), v::high_bits<fifth_bit_position(KK % kGroup), 16>(high, u));
         w[u] = simd::mul(d[u], v::to_float(v::isub(ints, v::iset1(16))));
       }
     }
   };
+#endif
+#ifdef PYSERVE_VEC
+  // the int8 kernel's view of 32 k g: nibbles, fifth bits and w = d·q + m (m = -16 d)
+  static const uint8_t* int8_nibbles(const uint8_t* panel, int64_t g) { return panel + g * kGroupBytes + 192; }
+  static const uint8_t* int8_fifth_bits(const uint8_t* panel, int64_t g) { return panel + g * kGroupBytes + 64; }
+  static void int8_scales(const uint8_t* panel, int64_t g, int u, simd::vec& d, simd::vec& m) {
+    d = v::half_float(panel + g * kGroupBytes + u * v::kLanes * 2);
+    m = simd::mul(d, simd::set1(-16.f));
+  }
 #endif
 };
 
@@ -204,7 +230,7 @@ struct QK45Format {
     const uint8_t* g = panel + k / kSuperK * kGroupBytes;
     const int64_t s = k % kSuperK / kGroup;
     int q = nibble_at(g + kNibbles + s * 512, k, c);
-    if (kFifthBit) q |= ((u32_at(g + kHigh + s * 128 + 4 * c) >> (k % kGroup)) & 1) << 4;
+    if (kFifthBit) q |= ((u32_at(g + kHigh + s * 128 + 4 * c) >> fifth_bit_position(k % kGroup)) & 1) << 4;
     const float dsc = half_at(g + 2 * c) * static_cast<float>(g[128 + s * 32 + c]);
     const float dm = half_at(g + 64 + 2 * c) * static_cast<float>(g[384 + s * 32 + c]);
     return dsc * static_cast<float>(q) - dm;
@@ -224,7 +250,7 @@ struct QK45Format {
       uint32_t high = 0;
       for (int i = 0; i < kGroup; ++i) {
         put_nibble(g + kNibbles + s * 512, i, c, (qs[32 * (s / 2) + i] >> (4 * (s % 2))) & 15);
-        high |= static_cast<uint32_t>((qh[i] >> s) & 1) << i;
+        high |= static_cast<uint32_t>((qh[i] >> s) & 1) << fifth_bit_position(i);
       }
       if (kFifthBit) std::memcpy(g + kHigh + s * 128 + 4 * c, &high, 4);
     }
@@ -246,7 +272,7 @@ struct QK45Format {
     void row(simd::vec* w) const {
       for (int u = 0; u < v::kVecs; ++u) {
         auto ints = v::nibbles<KK>(q, u);
-        if constexpr (kFifthBit) ints = v::ior(ints, v::high_bits<KK, 16>(high, u));
+        if constexpr (kFifthBit) ints = v::ior(ints, v::high_bits<fifth_bit_position(KK % kGroup), 16>(high, u));
         w[u] = simd::fma(dsc[u], v::to_float(ints), neg_dm[u]);
       }
     }
@@ -255,6 +281,9 @@ struct QK45Format {
 #ifdef PYSERVE_VEC
   static const uint8_t* int8_nibbles(const uint8_t* panel, int64_t g) {
     return panel + g / 8 * kGroupBytes + kNibbles + g % 8 * 512;
+  }
+  static const uint8_t* int8_fifth_bits(const uint8_t* panel, int64_t g) requires kFifthBit {
+    return panel + g / 8 * kGroupBytes + kHigh + g % 8 * 128;
   }
   static void int8_scales(const uint8_t* panel, int64_t g, int u, simd::vec& d, simd::vec& m) {
     const uint8_t* group = panel + g / 8 * kGroupBytes;

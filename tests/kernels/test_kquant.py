@@ -99,7 +99,7 @@ def test_k_quants_need_whole_super_blocks():
         _native.packed_linear(torch.empty(1, 4), torch.randn(1, 512), packed, None)
 
 
-@pytest.mark.parametrize("kind", ["Q5_0", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q6_K"])
 def test_types_without_an_int8_kernel_stay_exact(kind):
     """int8_activations asks for integer dot products; the types that have no such kernel come
     back unmarked (uint8) and compute exactly."""
@@ -108,22 +108,69 @@ def test_types_without_an_int8_kernel_stay_exact(kind):
 
 
 @pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
-@pytest.mark.parametrize("m", [1, 6, 7, 300])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K", "Q5_0", "Q5_K"])
+@pytest.mark.parametrize("m", [1, 4, 6, 7, 300])
 @pytest.mark.parametrize("n,k", [(70, 512), (5, 256)])
 def test_int8_activations_stay_near_the_exact_product(kind, m, n, k):
-    """The nibble types share Q4_1's int8 kernel (w = d·q + m per 32 k, with Q4_0's m = -8 d
-    and the K-quants' sub-block d·sc and -dmin·m): x rounded to 8 bits per 32 k keeps the
-    product within 2 % of the exact one (a wrong scale or nibble is off by far more)."""
+    """The nibble types share Q4_1's int8 kernel (w = d·q + m per 32 k, with Q4_0's m = -8 d,
+    Q5_0's -16 d and the K-quants' sub-block d·sc and -dmin·m; Q5_0 and Q5_K add their fifth
+    bits to the nibbles): x rounded to 8 bits per 32 k keeps the product within 2 % of the exact
+    one (a wrong scale or nibble is off by far more)."""
     blocks = torch.from_numpy(random_blocks(kind, n, k, seed=m + n + k))
     packed = _native.pack_gguf_weight(blocks, k, kind, int8_activations=True)
     exact = _native.pack_gguf_weight(blocks, k, kind)
     assert packed.dtype == torch.int8 and torch.equal(packed.view(torch.uint8), exact)
-    x = torch.randn(m, k) * torch.rand(m, 1) * 4
-    bias = torch.randn(n)
+    gen = torch.Generator().manual_seed(m * n + k)  # fixed inputs: the bound is not a tail bound
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4
+    bias = torch.randn(n, generator=gen)
     out, float_out = torch.empty(m, n), torch.empty(m, n)
     _native.packed_linear(out, x, packed, bias)
     _native.packed_linear(float_out, x, exact, bias)
     error = (out - float_out).norm() / float_out.norm()
     assert error < 0.02, error
     assert torch.equal(_native.unpack_linear_weight(packed, n), _native.unpack_linear_weight(exact, n))
+
+
+def _zero_quants(kind: str, blocks: np.ndarray) -> np.ndarray:
+    """The blocks with every q 0 (their nibbles and fifth bits cleared), scales kept: what they
+    dequantize to is each 32 k's offset m (-16 d for Q5_0, -dmin·m for Q5_K), exactly."""
+    _, size, _ = LAYOUT[kind]
+    raw = blocks.reshape(blocks.shape[0], -1, size).copy()
+    # Q5_0: d, then qh[4] and qs[16]; Q5_K: d, dmin, scales[12], then qh[32] and qs[128]
+    raw[:, :, 2 if kind == "Q5_0" else 16:] = 0
+    return np.ascontiguousarray(raw.reshape(blocks.shape))
+
+
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_K"])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 300])  # row tiles of 4 (AVX2) and 6, tails
+@pytest.mark.parametrize("n,k", [(70, 512), (5, 256), (96, 768)])
+def test_int8_fifth_bit_types_equal_their_definition(kind, m, n, k):
+    """The int8 product of Q5_0 / Q5_K from its definition, in float64: per row and 32 k, x
+    rounded to qx = round(x · 127 / max |x|) (scale sx = max |x| / 127), and with w = d·q + m
+    the block adds d·sx·Σ q·qx + m·Σ x, which is Σ w·sx·qx + m·(Σ x - sx·Σ qx): the weights w
+    from gguf's dequantization, m from the same blocks with every q 0. A fifth bit read from the
+    wrong k moves q by 16 and the result far outside the tolerance."""
+    blocks = random_blocks(kind, n, k, seed=11 * m + n + k)
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind, int8_activations=True)
+    assert packed.dtype == torch.int8
+    w = gguf_dequantized(kind, blocks, n, k).double()
+    offsets = gguf_dequantized(kind, _zero_quants(kind, blocks), n, k).double()
+    groups = k // 32
+    m_g = offsets.reshape(n, groups, 32)[:, :, 0]  # [n, groups]: one offset per 32 k
+    assert torch.equal(offsets.reshape(n, groups, 32), m_g[:, :, None].expand(n, groups, 32))
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4
+    x[0, :32] = 0  # an all-zero block has scale 0
+    bias = torch.randn(n, generator=gen)
+    xb = x.reshape(m, groups, 32)
+    amax = xb.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    qx = torch.round(xb * inv)  # float32 steps, round half to even
+    sx = (amax / 127.0).double()
+    x_hat = (qx.double() * sx).reshape(m, k)
+    correction = xb.double().sum(2) - (sx.squeeze(2) * qx.double().sum(2))  # [m, groups]
+    expected = (x_hat @ w.T + correction @ m_g.T + bias.double()).float()
+    out = torch.empty(m, n)
+    _native.packed_linear(out, x, packed, bias)
+    torch.testing.assert_close(out, expected, atol=5e-5 * k ** 0.5, rtol=1e-5)
