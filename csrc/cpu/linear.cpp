@@ -498,7 +498,8 @@ inline vec add_nibble_block(vec acc, ivec dot, vec d, vec mins, const float* sca
 }
 
 #if PYSERVE_VEC == 16  // AVX-512 VNNI
-// rows a tile: 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm
+// rows a tile: 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm (Q5_0 / Q5_K's
+// four fifth-bit words spill a few; the row count is Q4's, not tuned for them)
 template <typename Format>
 constexpr int kInt8Rows = 6;
 
@@ -640,7 +641,8 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
 // Each tile runs over the whole panel once per 8 columns, its rows' int sums and float
 // accumulators in registers: 6 rows for the nibble formats (12 of 16 ymm, the weights and
 // their mask 3 more), 4 for Q8_0, whose sums take more temporaries (the best of 3 to 6 rows
-// in a single-thread benchmark).
+// in a single-thread benchmark), and 4 for Q5_0 / Q5_K, whose int32 sums beside the int16
+// ones and fifth-bit words would not fit 6.
 template <typename Format>
 constexpr int kInt8Rows = std::is_same_v<Format, Q8_0Format> || NibbleBlocks<Format>::kFifthBits ? 4 : 6;
 
