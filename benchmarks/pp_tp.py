@@ -11,7 +11,9 @@ ray with gloo forced (--ray-collectives gloo: TCP over loopback here, across nod
 deployment), and mp at PP=2 (TP=1 per stage, the same two processes: the step broadcast, the
 hidden states and residual to stage 1, the logits back), with each step cut into two
 micro-batches so that the stages overlap (--pipeline-micro-batches 2) and without (1, the
-default). Ray runs a local cluster for the benchmark, started once. Prints the median and p90
+default), and the same PP=2 over Ray, with shared memory (both stages on this node) and with
+gloo forced (the hop and the logits over TCP, as between nodes). Ray runs a local cluster for
+the benchmark, started once. Prints the median and p90
 microseconds per decode step, then the PP=2 rows' decode throughput (sequences / median step
 time) at the largest batch."""
 
@@ -25,13 +27,18 @@ import time
 from pathlib import Path
 
 TP2 = {"tensor_parallel_size": 2}
+RAY_PP2 = {"distributed_executor_backend": "ray", "pipeline_parallel_size": 2}
 PATHS = [("mp, shared memory", {**TP2, "distributed_executor_backend": "mp"}),
          ("ray, shared memory", {**TP2, "distributed_executor_backend": "ray"}),
          ("ray, gloo", {**TP2, "distributed_executor_backend": "ray", "ray_collectives": "gloo"}),
          ("mp PP=2, 1 micro-batch", {"distributed_executor_backend": "mp", "pipeline_parallel_size": 2,
                                      "pipeline_micro_batches": 1}),
          ("mp PP=2, 2 micro-b.", {"distributed_executor_backend": "mp", "pipeline_parallel_size": 2,
-                                  "pipeline_micro_batches": 2})]
+                                  "pipeline_micro_batches": 2}),
+         ("ray PP=2, shm, 1 mb", {**RAY_PP2, "pipeline_micro_batches": 1}),
+         ("ray PP=2, shm, 2 mb", {**RAY_PP2, "pipeline_micro_batches": 2}),
+         ("ray PP=2, gloo, 1 mb", {**RAY_PP2, "pipeline_micro_batches": 1, "ray_collectives": "gloo"}),
+         ("ray PP=2, gloo, 2 mb", {**RAY_PP2, "pipeline_micro_batches": 2, "ray_collectives": "gloo"})]
 WARMUP_STEPS = 5  # the prefill, then a few decodes
 
 

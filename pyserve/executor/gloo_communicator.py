@@ -1,6 +1,7 @@
 """torch.distributed's gloo behind the communicator interface that the layers' TPGroup and the
-step channel call (all_reduce, gather, all_gather, broadcast_tensors, barrier, abort, aborted):
-the collectives of ranks on different machines, over TCP, on the CPU.
+step channel call (all_reduce, gather, all_gather, broadcast_tensors, barrier, abort, aborted)
+and a pipeline hop's two-rank broadcast: the collectives of ranks on different machines, over
+TCP, on the CPU.
 
 One gloo process group per communicator, built directly (no torch.distributed default group,
 so nothing global): rank 0 runs the TCPStore that the ranks rendezvous through, on its node's
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
-from torch.distributed import (AllreduceOptions, BroadcastOptions, GatherOptions, ProcessGroupGloo,
-                               TCPStore)
+from torch.distributed import (AllreduceOptions, BroadcastOptions, GatherOptions, PrefixStore,
+                               ProcessGroupGloo, TCPStore)
 
 IDLE_TIMEOUT = timedelta(days=365)
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
@@ -50,19 +51,26 @@ def host_store(host: str, world_size: int) -> TCPStore:
     return TCPStore(host, 0, world_size, True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
 
 
+def join_store(rendezvous: GlooRendezvous, world_size: int) -> TCPStore:
+    """Another rank's connection to rank 0's store; one serves all the rank's groups."""
+    return TCPStore(rendezvous.host, rendezvous.port, world_size, False, timeout=RENDEZVOUS_TIMEOUT)
+
+
 class GlooCommunicator:
     def __init__(self, rendezvous: GlooRendezvous, rank: int, world_size: int, own_host: str,
-                 store: TCPStore | None = None):
-        """store: rank 0's host_store(); the other ranks connect to rendezvous. Returns once
-        every rank has joined."""
+                 store: TCPStore | None = None, prefix: str = ""):
+        """store: rank 0's host_store(), or a join_store(); None: this joins rendezvous.
+        prefix: the group's own keys in the store, where several groups share it (pipeline
+        parallelism's stage and hop groups); rank and world_size are then the group's.
+        Returns once every rank of the group has joined."""
         if store is None:
-            store = TCPStore(rendezvous.host, rendezvous.port, world_size, False,
-                             timeout=RENDEZVOUS_TIMEOUT)
+            store = join_store(rendezvous, world_size)
         self._store = store  # rank 0's must outlive the group
         options = ProcessGroupGloo._Options()
         options._devices = [ProcessGroupGloo.create_device(hostname=own_host)]
         options._timeout = IDLE_TIMEOUT
-        self._group = ProcessGroupGloo(store, rank, world_size, options)
+        self._group = ProcessGroupGloo(PrefixStore(prefix, store) if prefix else store, rank,
+                                       world_size, options)
         self.rank, self.world_size = rank, world_size
         self._aborted = False
 
@@ -121,6 +129,11 @@ class GlooCommunicator:
         if body.numel():
             self._broadcast(body, root, COLLECTIVE_TIMEOUT)
         return list(body.split(sizes)) if count else []
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """tensor (contiguous) from root to every rank, in place: a pipeline hop's send and
+        receive, which pair up inside one step."""
+        self._broadcast(tensor, root, COLLECTIVE_TIMEOUT)
 
     def _broadcast(self, tensor: torch.Tensor, root: int, timeout: timedelta) -> None:
         self._check()

@@ -67,6 +67,10 @@ class PipelineLayout:
         found[self.logits_name] = 2
         return found
 
+    def members(self, name: str) -> list[int]:
+        """The ranks that take part in segment name, in rank order."""
+        return [rank for rank in range(self.world_size) if name in self.memberships(rank)]
+
     def memberships(self, rank: int) -> dict[str, tuple[int, int]]:
         """The segments rank takes part in -> (their number of ranks, its index there)."""
         stage, tp_rank = self.position(rank)
@@ -128,6 +132,11 @@ def attach_segments(layout: PipelineLayout, rank: int) -> StageLinks:
     """A worker: attaches to the segments its rank takes part in."""
     comms = {name: _native.ShmCommunicator(name, index, size, layout.slot_bytes, create=False)
              for name, (size, index) in layout.memberships(rank).items()}
+    return _links(layout, rank, comms, list(comms.values()))
+
+
+def links_over(layout: PipelineLayout, rank: int, comms: dict) -> StageLinks:
+    """rank's links over comms (segment name -> its communicator, shared memory or gloo)."""
     return _links(layout, rank, comms, list(comms.values()))
 
 

@@ -293,9 +293,9 @@ def check_pipeline_setup(arch, pp: int, encoder: bool, device: torch.device,
     if encoder:
         raise ModelLoadError(f"{arch.architecture} is an encoder: pyserve runs it on one rank "
                              "(--pipeline-parallel-size 1)")
-    if backend in ("uni", "ray"):
-        raise ModelLoadError(f"--distributed-executor-backend {backend} has no pipeline "
-                             "parallelism; use mp (the default) for --pipeline-parallel-size > 1")
+    if backend == "uni":
+        raise ModelLoadError("--distributed-executor-backend uni has no pipeline parallelism; use "
+                             "mp (the default) or ray for --pipeline-parallel-size > 1")
     if device.type == "cuda":
         raise ModelLoadError("--pipeline-parallel-size > 1 runs on the CPU only for now (its "
                              "stages hand activations on through host shared memory); use "

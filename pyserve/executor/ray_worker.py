@@ -1,6 +1,7 @@
-"""A tensor-parallel rank (1..N-1) as a Ray actor: describe() says where it runs; serve() joins
-the group's communicator, loads this rank's shard, then runs every step rank 0 sends until
-the communicator is aborted (shutdown) or a peer is gone.
+"""A rank (1..N-1) as a Ray actor: describe() says where it runs; serve() joins the world's
+communicators (under pipeline parallelism also its stage's, ray_collectives.py), loads this
+rank's shard, then runs every step rank 0 sends until the communicator is aborted (shutdown)
+or a peer is gone.
 
 serve() is one long call on purpose: rank 0 holds its object ref, which Ray resolves, with
 RayActorError, the moment the actor dies; that is how rank 0 learns of a death without
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from pyserve.executor.ray_collectives import Collectives, connect
+from pyserve.executor.ray_collectives import Collectives, connect, connect_links, rank_store
 from pyserve.executor.shard import ShardSpec, build_model_runner
 from pyserve.executor.step_channel import StepChannel
-from pyserve.model.layers.parallel import TPGroup
+from pyserve.model.layers.parallel import TPGroup, pipeline_stage
 
 logger = logging.getLogger("pyserve")
 
@@ -51,13 +52,22 @@ class RayWorker:
         """Returns when rank 0 aborts the communicator; raises if a peer fails."""
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s pyserve (rank {start.rank}): %(message)s")
-        spec, size = start.spec, start.collectives.world_size
+        spec, plan = start.spec, start.collectives
         torch.set_num_threads(start.num_threads)
-        comm = connect(start.collectives, start.rank, self.describe().node_ip)
+        host = self.describe().node_ip
+        store = rank_store(plan, start.rank)
+        comm = connect(plan, start.rank, host, store)
+        links = None
         try:
-            if start.collectives.kind == "shm":
+            if plan.kind == "shm":
                 comm.barrier()  # attached: rank 0 may now unlink the segment's name
-            runner = build_model_runner(spec, TPGroup(start.rank, size, comm))
+            if plan.pipeline is not None:
+                links = connect_links(plan, start.rank, host, comm, store)
+                stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, links.stage)
+                runner = build_model_runner(
+                    spec, TPGroup(links.tp_rank, spec.tensor_parallel_size, links.tp_comm), stage, links)
+            else:
+                runner = build_model_runner(spec, TPGroup(start.rank, plan.world_size, comm))
             comm.barrier()  # loaded
             logger.info("rank ready (pid %d, %s collectives, %d threads)", os.getpid(),
                         start.collectives.kind, start.num_threads)
@@ -65,6 +75,6 @@ class RayWorker:
             while True:
                 runner.execute_model(channel.receive())
         except RuntimeError:
-            if comm.aborted:  # shutdown: rank 0 stops the group
+            if comm.aborted or (links is not None and links.aborted()):  # shutdown
                 return
             raise
