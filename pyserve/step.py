@@ -72,6 +72,10 @@ class ScheduledSequence:
     # model computes before proposing (what its KV cache lacks of them); None: given drafts
     draft_context: list[int] | None = None
     draft_context_start: int = 0
+    # a draft model's sequence under a grammar: a fork of the request's matcher, which the
+    # proposer walks along the draft's proposals (masking them and the verify rows); it stays
+    # on rank 0, the only rank that proposes, and never crosses to the others
+    draft_grammar: object | None = None
     # the hybrid KV layout (kv/groups.py): the tables of the KV groups after the first, each
     # as long as block_ids (a sliding group's out-of-window entries name the null block)
     group_block_ids: list[list[int]] = field(default_factory=list)

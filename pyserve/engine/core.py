@@ -208,13 +208,16 @@ class EngineCore:
         """Grammar masks for the drafts rows of constrained requests: a fork of the request's
         matcher walks its drafts, filling each row's mask before taking the next draft. A
         draft the grammar refuses is masked out of its own row, so verification rejects it
-        there and the rows after it are never read."""
+        there and the rows after it are never read. A draft model's drafts do not exist yet:
+        its sequence takes the fork along, and the proposer walks it (model/draft_model.py)."""
         rows, row = {}, 0
         for seq in step.sequences:
             if not seq.draft_token_ids:
                 continue
             matcher = self.requests.child(seq.request_id).matcher
-            if matcher is not None and not matcher.is_terminated():
+            if matcher is not None and not matcher.is_terminated() and seq.draft_context is not None:
+                seq.draft_grammar = matcher.fork()
+            elif matcher is not None and not matcher.is_terminated():
                 walker = matcher.fork()
                 for i in range(len(seq.draft_token_ids) + 1):
                     rows[row + i] = walker.fork()  # the state after the first i drafts

@@ -212,9 +212,9 @@ class Scheduler:
         if room <= 0:
             return []
         if spec.method == "draft_model":
-            if request.matcher is not None:
-                return []  # a grammar's draft masks are walked here, before the draft exists
-            drafts = [DRAFT_PLACEHOLDER] * room  # the draft model fills them in on the model thread
+            # the draft model fills them in on the model thread (under the request's grammar,
+            # if any: EngineCore._draft_masks hands it a fork of the matcher)
+            drafts = [DRAFT_PLACEHOLDER] * room
         else:
             drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
         if not drafts or not self.kv.allocate_slots(request.request_id,

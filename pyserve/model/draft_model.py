@@ -10,13 +10,19 @@ request's draft context; the scheduler tracks how much of it is right (Request.d
 so a rejected draft's K/V is simply overwritten later, as the target's is.
 
 The proposal is a point mass on the draft's argmax, which the verifier's rejection sampling
-(accept a draft when the target's own draw equals it) keeps exact for sampled requests."""
+(accept a draft when the target's own draw equals it) keeps exact for sampled requests.
+
+Under a grammar (structured outputs), the sequence brings a fork of its matcher: the draft
+proposes its argmax among the tokens the grammar allows, the fork accepts each proposal, and
+its states give the verify rows their masks (row i: what the grammar allows after the first
+i drafts), as the engine's own walk does for n-gram drafts, which exist before the step."""
 
 from __future__ import annotations
 
 from pyserve.model.runner import DraftModelRequest, ModelRunner, PreparedBatch
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import SamplingInputs, ScheduledSequence, SchedulerOutput
+from pyserve.structured.bitmask import fill_bitmask
 
 _GREEDY = SamplingInputs(SamplingParams(temperature=0.0, max_tokens=1), (), 0)
 
@@ -36,9 +42,12 @@ class DraftModelProposer:
         seqs = [ScheduledSequence(r.request_id, r.context, r.context_start, r.block_ids, _GREEDY)
                 for r in requests]
         proposed = [0] * len(requests)
+        walkers = [r.grammar for r in requests]  # None: no grammar, or it has ended
+        verify_states = {r.verify_row: r.grammar.fork() for r in requests if r.grammar is not None}
         active = list(range(len(requests)))
         while active:
-            tokens = self._greedy(seqs)
+            tokens = self._greedy(seqs, {n: walkers[i] for n, i in enumerate(active)
+                                         if walkers[i] is not None})
             still = []
             for i, token in zip(active, tokens):
                 r = requests[i]
@@ -47,11 +56,23 @@ class DraftModelProposer:
                 drafts[j] = token
                 batch.inputs.input_ids[r.first_row + j] = token
                 proposed[i] = j + 1
+                walker = walkers[i]
+                if walker is not None:  # the token is one its mask allowed
+                    if walker.accept_token(token) and not walker.is_terminated():
+                        verify_states[r.verify_row + j + 1] = walker.fork()
+                    else:  # the rows after this draft are never read (the request ends here)
+                        walkers[i] = None
                 if j + 1 < len(drafts):
                     still.append(i)
             active = still
             seqs = [self._next(requests[i], batch.drafts[requests[i].drafts_index], proposed[i])
                     for i in active]
+        if verify_states:
+            # every drafts row is a draft model's (the method is the engine's), so nothing
+            # else masked them
+            rows = sum(len(d) + 1 for d in batch.drafts)
+            batch.draft_grammar = (fill_bitmask(verify_states, rows, self.runner.vocab_size),
+                                   sorted(verify_states))
 
     @staticmethod
     def _next(r: DraftModelRequest, drafts: list[int], proposed: int) -> ScheduledSequence:
@@ -59,7 +80,12 @@ class DraftModelProposer:
         position = r.context_start + len(r.context) + proposed - 1
         return ScheduledSequence(r.request_id, [drafts[proposed - 1]], position, r.block_ids, _GREEDY)
 
-    def _greedy(self, seqs: list[ScheduledSequence]) -> list[int]:
-        out = self.runner.run(self.runner.prepare(SchedulerOutput(seqs)))
+    def _greedy(self, seqs: list[ScheduledSequence], grammars: dict[int, object]) -> list[int]:
+        """The draft's argmax for each sequence; grammars: row -> the matcher masking it."""
+        step = SchedulerOutput(seqs)
+        if grammars:
+            step.grammar_bitmask = fill_bitmask(grammars, len(seqs), self.runner.vocab_size)
+            step.constrained_rows = sorted(grammars)
+        out = self.runner.run(self.runner.prepare(step))
         self.num_forwards += 1
         return list(out.sampled.token_ids)

@@ -71,6 +71,8 @@ class DraftModelRequest:
     block_ids: list[int]
     drafts_index: int  # into PreparedBatch.drafts
     first_row: int  # of the drafts in inputs.input_ids
+    verify_row: int = 0  # its first row among the drafts rows (PreparedBatch.draft_grammar's)
+    grammar: object | None = None  # a fork of its matcher (ScheduledSequence.draft_grammar)
 
 
 @dataclass
@@ -165,12 +167,13 @@ class ModelRunner:
                     lp.k, lp.first_position))
             if s.draft_token_ids:
                 end = starts[-1] + len(s.token_ids)
+                verify_row = len(verify_rows)
                 verify_rows.extend(range(end - len(s.draft_token_ids) - 1, end))
                 drafts.append(s.draft_token_ids)
                 if s.draft_context is not None:
                     draft_model.append(DraftModelRequest(
                         s.request_id, s.draft_context, s.draft_context_start, s.block_ids,
-                        len(drafts) - 1, end - len(s.draft_token_ids)))
+                        len(drafts) - 1, end - len(s.draft_token_ids), verify_row, s.draft_grammar))
                 if s.draft_sampling is not None:  # its rows are rejection-sampled
                     draft_sampled.append(len(drafts) - 1)
                     rows = len(s.draft_token_ids) + 1

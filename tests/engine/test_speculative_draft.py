@@ -3,15 +3,17 @@ the output equals the same run without speculation, token for token, with a draf
 with the target (the default model itself: nearly every draft is kept) and with one that does
 not (a tiny random model with the same vocabulary: nearly every draft is rejected, and the
 lookahead backs off); across chunked prompts, prefix caching, preemption, n > 1, stop strings,
-max_tokens inside a proposal, logprobs and seeded sampling; books balanced after."""
+max_tokens inside a proposal, logprobs, seeded sampling and grammars; books balanced after."""
 
+import json
+import re
 import shutil
 
 import pytest
 
 from pyserve.errors import ModelLoadError
 from pyserve.llm import LLM
-from pyserve.sampling_params import SamplingParams
+from pyserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 from .test_speculative import REPEATING, assert_books_balanced, outputs
 
@@ -93,6 +95,42 @@ def test_seeded_sampled_requests_sample_what_they_would_without_speculation(engi
     assert outputs(agreeing, PROMPTS, params) == want
     assert agreeing.engine.stats.spec_accepted_tokens > before
     assert_books_balanced(agreeing)
+
+
+@pytest.mark.parametrize("constraint", [
+    StructuredOutputsParams(regex="(Paris, ){5}Paris"),
+    StructuredOutputsParams(json={"type": "object", "properties": {"city": {"type": "string"},
+                                                                   "again": {"type": "string"}},
+                                  "required": ["city", "again"]}),
+    StructuredOutputsParams(choice=["Paris, Paris, Paris", "Lyon"]),
+])
+def test_grammars_constrain_the_drafts_and_the_verify_rows(engines, constraint):
+    """The draft proposes within the grammar: with the target itself as the draft, masked as
+    the target is, a greedy request keeps nearly every draft (unmasked, it would propose text
+    outside the grammar); the random draft's are mostly rejected by the target's masked
+    rows. Greedy output equals plain decoding; a sampled one stays inside the grammar."""
+    plain, agreeing, rejected = engines
+    prompt = "Paris, Paris, Paris, Paris. Answer as asked: Paris, Paris,"
+    greedy = SamplingParams(temperature=0, max_tokens=40, structured_outputs=constraint)
+    sampled = SamplingParams(temperature=0.9, seed=5, max_tokens=40, structured_outputs=constraint)
+    want = plain.generate([prompt], greedy)[0].outputs[0]
+    for llm in (agreeing, rejected):
+        stats = llm.engine.stats
+        before = stats.spec_draft_tokens, stats.spec_accepted_tokens
+        got = llm.generate([prompt], greedy)[0].outputs[0]
+        assert (got.token_ids, got.text) == (want.token_ids, want.text)
+        proposed, kept = stats.spec_draft_tokens - before[0], stats.spec_accepted_tokens - before[1]
+        assert proposed > 0  # a request under a grammar was speculated
+        if llm is agreeing:
+            assert kept > 0.9 * proposed
+        text = llm.generate([prompt], sampled)[0].outputs[0].text
+        if constraint.regex:
+            assert re.fullmatch(constraint.regex, text)
+        elif constraint.choice:
+            assert text in constraint.choice
+        else:
+            assert set(json.loads(text)) == {"city", "again"}
+        assert_books_balanced(llm)
 
 
 def test_prefix_caching_and_preemption_keep_the_output(engines, default_model_dir):
