@@ -146,13 +146,26 @@ def test_logprobs_of_speculated_tokens_equal_plain_decodings(pair):
                 assert x[token].logprob == pytest.approx(y[token].logprob, abs=1e-4)
 
 
-@pytest.mark.parametrize("constraint", [
+CONSTRAINTS = [
     StructuredOutputsParams(regex="(Paris, ){5}Paris"),  # drafts the grammar allows
     StructuredOutputsParams(json={"type": "object", "properties": {"city": {"type": "string"},
                                                                    "again": {"type": "string"}},
                                   "required": ["city", "again"]}),
     StructuredOutputsParams(choice=["Paris, Paris, Paris", "Lyon"]),
-])
+]
+
+
+def assert_inside(constraint: StructuredOutputsParams, text: str) -> None:
+    """text is one that CONSTRAINTS' constraint allows."""
+    if constraint.regex:
+        assert re.fullmatch(constraint.regex, text)
+    elif constraint.choice:
+        assert text in constraint.choice
+    else:
+        assert set(json.loads(text)) == {"city", "again"}
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
 def test_grammars_mask_the_drafts_rows(pair, constraint):
     plain, spec = pair
     prompt = "Paris, Paris, Paris, Paris. Answer as asked: Paris, Paris,"
@@ -163,13 +176,7 @@ def test_grammars_mask_the_drafts_rows(pair, constraint):
     greedy, sampled = spec.generate([prompt, prompt], params)
     assert greedy.outputs[0].text == want
     assert spec.engine.stats.spec_drafts > before
-    text = sampled.outputs[0].text  # sampled under the grammar: still inside it
-    if constraint.regex:
-        assert re.fullmatch(constraint.regex, text)
-    elif constraint.choice:
-        assert text in constraint.choice
-    else:
-        assert set(json.loads(text)) == {"city", "again"}
+    assert_inside(constraint, sampled.outputs[0].text)  # sampled under the grammar
     assert_books_balanced(spec)
 
 

@@ -5,17 +5,15 @@ not (a tiny random model with the same vocabulary: nearly every draft is rejecte
 lookahead backs off); across chunked prompts, prefix caching, preemption, n > 1, stop strings,
 max_tokens inside a proposal, logprobs, seeded sampling and grammars; books balanced after."""
 
-import json
-import re
 import shutil
 
 import pytest
 
 from pyserve.errors import ModelLoadError
 from pyserve.llm import LLM
-from pyserve.sampling_params import SamplingParams, StructuredOutputsParams
+from pyserve.sampling_params import SamplingParams
 
-from .test_speculative import REPEATING, assert_books_balanced, outputs
+from .test_speculative import CONSTRAINTS, REPEATING, assert_books_balanced, assert_inside, outputs
 
 FLAGS = dict(max_model_len=1024, max_num_batched_tokens=32)
 PROMPTS = REPEATING + ["Tell me a short story about a dragon who"]
@@ -97,13 +95,7 @@ def test_seeded_sampled_requests_sample_what_they_would_without_speculation(engi
     assert_books_balanced(agreeing)
 
 
-@pytest.mark.parametrize("constraint", [
-    StructuredOutputsParams(regex="(Paris, ){5}Paris"),
-    StructuredOutputsParams(json={"type": "object", "properties": {"city": {"type": "string"},
-                                                                   "again": {"type": "string"}},
-                                  "required": ["city", "again"]}),
-    StructuredOutputsParams(choice=["Paris, Paris, Paris", "Lyon"]),
-])
+@pytest.mark.parametrize("constraint", CONSTRAINTS)
 def test_grammars_constrain_the_drafts_and_the_verify_rows(engines, constraint):
     """The draft proposes within the grammar: with the target itself as the draft, masked as
     the target is, a greedy request keeps nearly every draft (unmasked, it would propose text
@@ -123,13 +115,7 @@ def test_grammars_constrain_the_drafts_and_the_verify_rows(engines, constraint):
         assert proposed > 0  # a request under a grammar was speculated
         if llm is agreeing:
             assert kept > 0.9 * proposed
-        text = llm.generate([prompt], sampled)[0].outputs[0].text
-        if constraint.regex:
-            assert re.fullmatch(constraint.regex, text)
-        elif constraint.choice:
-            assert text in constraint.choice
-        else:
-            assert set(json.loads(text)) == {"city", "again"}
+        assert_inside(constraint, llm.generate([prompt], sampled)[0].outputs[0].text)
         assert_books_balanced(llm)
 
 
