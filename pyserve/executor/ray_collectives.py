@@ -73,29 +73,38 @@ def rank_store(plan: Collectives, rank: int, store=None):
     return join_store(plan.rendezvous, plan.world_size)
 
 
-def connect_links(plan: Collectives, rank: int, own_host: str, world, store) -> StageLinks:
-    """The rank's pipeline segments, after the world communicator is up. Every rank walks the
-    segments in one order: shared-memory creators first, a world barrier, then the attaches
-    and the gloo joins (each gloo group forms once all its ranks reach it, and the one order
-    means the lowest unformed group always has all its ranks coming), a second barrier, and
-    the creators unlink the names."""
+def connect_links(plan: Collectives, rank: int, own_host: str, world, store,
+                  held: list | None = None) -> StageLinks:
+    """The rank's pipeline segments, after the world communicator is up; held (rank 0's list
+    of communicators to abort) gets each the moment it exists. Every rank walks the segments
+    in one order. Shared memory first: the creators create, a world barrier, the others
+    attach, a second barrier, and the creators unlink the names, so that no name outlives
+    those few steps, however the ranks end later. Then the gloo joins: each gloo group forms
+    once all its ranks reach it, and the one order means the lowest unformed group always
+    has all its ranks coming."""
     layout, kinds = plan.pipeline, dict(plan.segments)
     member = layout.memberships(rank)
     order = [name for name in layout.segments() if name in member]
-    comms, created = {}, []
-    for name in order:
+    held = [] if held is None else held
+    comms = {}
+
+    def shm(name: str, create: bool):
         size, index = member[name]
-        if kinds[name] == "shm" and index == 0:
-            comms[name] = _native.ShmCommunicator(name, index, size, layout.slot_bytes, create=True)
-            created.append(comms[name])
+        comms[name] = _native.ShmCommunicator(name, index, size, layout.slot_bytes, create=create)
+        held.append(comms[name])
+        return comms[name]
+
+    created = [shm(name, True) for name in order if kinds[name] == "shm" and member[name][1] == 0]
     world.barrier()  # every segment exists
     for name in order:
-        size, index = member[name]
-        if kinds[name] == "gloo":
-            comms[name] = GlooCommunicator(plan.rendezvous, index, size, own_host, store, prefix=name)
-        elif index != 0:
-            comms[name] = _native.ShmCommunicator(name, index, size, layout.slot_bytes, create=False)
+        if kinds[name] == "shm" and member[name][1] != 0:
+            shm(name, False)
     world.barrier()  # every rank attached
     for comm in created:
         comm.unlink()
+    for name in order:
+        if kinds[name] == "gloo":
+            size, index = member[name]
+            comms[name] = GlooCommunicator(plan.rendezvous, index, size, own_host, store, prefix=name)
+            held.append(comms[name])
     return links_over(layout, rank, {name: comms[name] for name in order})

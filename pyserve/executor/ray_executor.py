@@ -227,8 +227,7 @@ class RayRankGroup:
         if self.plan.pipeline is None:
             runner = build_model_runner(spec, TPGroup(0, self.size, self.comm))
         else:
-            self.links = connect_links(self.plan, 0, self.node_ip, self.comm, self._store)
-            self.comms += self.links.comms
+            self.links = connect_links(self.plan, 0, self.node_ip, self.comm, self._store, self.comms)
             stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, 0)
             runner = build_model_runner(spec, TPGroup(0, spec.tensor_parallel_size, self.links.tp_comm),
                                         stage, self.links)
@@ -287,6 +286,7 @@ class RayRankGroup:
             comm.abort()  # shm: ends the actors' wait for the next step
         if self.comm is not None and self.plan.kind == "shm":
             self.comm.unlink()
+        self._store = None  # rank 0's gloo store stops listening once its groups are gone
         if already or not ray.is_initialized():  # Ray already gone: so are our actors
             return
         for actor in self.actors:

@@ -7,9 +7,9 @@ A world (TP * PP ranks) that fits on the driver's node is one group, STRICT_PACK
 every communicator is shared memory. One that does not fit:
     PP 1   one group, PACKed: Ray fills the driver's node first, then others (gloo);
     PP > 1 one group per pipeline stage (its TP ranks), STRICT_PACKed when the stage fits the
-           largest node, so that a stage's all-reduces stay in one node's shared memory and
-           only the hops between stages (one tensor per step each way) cross the network;
-           stage 0's group is pinned to the driver's node.
+           largest node (stage 0's group, pinned to the driver's node: when it fits that
+           node), so that a stage's all-reduces stay in one node's shared memory and only the
+           hops between stages (one tensor per micro-batch) cross the network.
 Ranks are numbered stage-major (rank = stage * tp + tp_rank), as vLLM numbers them."""
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ def world_placement(tp_size: int, pp_size: int, driver_node_id: str, driver_node
         return [_group(0, size, cpus, "STRICT_PACK", driver_node_id)]
     if pp_size == 1:
         return [_group(0, size, cpus, "PACK", driver_node_id)]
-    strategy = "STRICT_PACK" if cpus * tp_size <= largest_node_cpus else "PACK"
-    return [_group(stage * tp_size, tp_size, cpus, strategy, driver_node_id)
+    def strategy(stage: int) -> str:  # stage 0 is pinned to the driver's node
+        room = driver_node_cpus if stage == 0 else largest_node_cpus
+        return "STRICT_PACK" if cpus * tp_size <= room else "PACK"
+
+    return [_group(stage * tp_size, tp_size, cpus, strategy(stage), driver_node_id)
             for stage in range(pp_size)]
 
 

@@ -42,7 +42,7 @@ class DraftModelProposer:
         seqs = [ScheduledSequence(r.request_id, r.context, r.context_start, r.block_ids, _GREEDY)
                 for r in requests]
         proposed = [0] * len(requests)
-        walkers = [r.grammar for r in requests]  # None: no grammar, or it has ended
+        walkers = [r.grammar for r in requests]  # None: no grammar
         verify_states = {r.verify_row: r.grammar.fork() for r in requests if r.grammar is not None}
         active = list(range(len(requests)))
         while active:
@@ -60,8 +60,11 @@ class DraftModelProposer:
                 if walker is not None:  # the token is one its mask allowed
                     if walker.accept_token(token) and not walker.is_terminated():
                         verify_states[r.verify_row + j + 1] = walker.fork()
-                    else:  # the rows after this draft are never read (the request ends here)
-                        walkers[i] = None
+                    else:
+                        # the grammar ended with this draft (so does the request, if the
+                        # target keeps it) or refused it (its row's mask rejects it there):
+                        # the rows after are never read, and keep their placeholders
+                        continue
                 if j + 1 < len(drafts):
                     still.append(i)
             active = still

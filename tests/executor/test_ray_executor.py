@@ -71,6 +71,9 @@ def test_placement_packs_a_world_that_fits_the_driver_node_and_spreads_one_that_
     assert [g.label_selectors for g in stages] == [({NODE_ID_LABEL: "n0"}, {}), ({}, {}), ({}, {})]
     too_wide = world_placement(2, 2, "n0", driver_node_cpus=4, largest_node_cpus=4, cpus_per_rank=4)
     assert [g.strategy for g in too_wide] == ["PACK", "PACK"]  # a stage wider than any node
+    # stage 0 is pinned to the driver: packed only if it fits there, whatever the largest node
+    small_driver = world_placement(2, 2, "n0", driver_node_cpus=4, largest_node_cpus=16, cpus_per_rank=4)
+    assert [g.strategy for g in small_driver] == ["PACK", "STRICT_PACK"]
     assert choose_collectives(["a", "a"], "auto") == "shm"
     assert choose_collectives(["a", "b"], "auto") == "gloo"
     assert choose_collectives(["a", "a"], "gloo") == "gloo"
