@@ -33,11 +33,11 @@ import torch
 from pyserve import _native
 from pyserve.executor.base import Executor
 from pyserve.executor.pipeline import PipelineLayout, create_segments
-from pyserve.executor.shard import ShardSpec, build_model_runner
+from pyserve.executor.shard import ShardSpec, build_model_runner, build_stage_runner
 from pyserve.executor.step_channel import StepChannel
 from pyserve.executor.worker import WorkerArgs, worker_main
 from pyserve.errors import InvalidRequest, ModelLoadError
-from pyserve.model.layers.parallel import TPGroup, pipeline_stage
+from pyserve.model.layers.parallel import TPGroup
 from pyserve.model.runner import ForwardInputs, PreparedBatch
 from pyserve.step import SchedulerOutput
 
@@ -117,9 +117,7 @@ class MultiprocExecutor(Executor):
             for comm in self.comms:
                 comm.unlink()
             if self.pipelined:  # CPU only (plan.py): the stage's own all-reduce segment
-                stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, 0)
-                tp = TPGroup(0, tp_size, links.tp_comm)
-                self.runner = build_model_runner(spec, tp, stage, links)
+                self.runner = build_stage_runner(spec, links)
             else:
                 model_comm = self.comm
                 if spec.device == "cuda":

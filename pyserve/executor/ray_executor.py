@@ -45,9 +45,9 @@ from pyserve.executor.ray_collectives import (Collectives, choose_collectives, c
                                               segment_kinds)
 from pyserve.executor.ray_placement import GroupPlacement, world_placement
 from pyserve.executor.ray_worker import RankInfo, RankStart, RayWorker
-from pyserve.executor.shard import ShardSpec, build_model_runner
+from pyserve.executor.shard import ShardSpec, build_model_runner, build_stage_runner
 from pyserve.executor.step_channel import StepChannel
-from pyserve.model.layers.parallel import TPGroup, pipeline_stage
+from pyserve.model.layers.parallel import TPGroup
 from pyserve.model.runner import ForwardInputs
 
 logger = logging.getLogger("pyserve")
@@ -73,8 +73,8 @@ class RayExecutor(Executor):
             self.runner = self._group.join_as_rank_zero()
         except Exception as exc:
             self.shutdown()
-            kind = "pipeline-parallel" if spec.pipeline_parallel_size > 1 else "tensor-parallel"
-            raise ModelLoadError(f"{kind} start-up failed: {self._group.failure or exc}") from exc
+            raise ModelLoadError(f"{self._group.kind}-parallel start-up failed: "
+                                 f"{self._group.failure or exc}") from exc
         self.channel = StepChannel(self._group.comm)
         logger.info("%s", self._group.describe())
 
@@ -130,7 +130,6 @@ class RayRankGroup:
         self.stopping = threading.Event()
         self.comm = None  # the world communicator
         self.comms: list = []  # every communicator rank 0 holds: aborted on failure and stop
-        self.links = None  # pipeline parallelism: rank 0's StageLinks
         self.actors: list = []
         self.serving: dict = {}  # serve()'s object ref -> rank
         self.infos: list[RankInfo] = []
@@ -158,6 +157,11 @@ class RayRankGroup:
                         for rank, actor in ranks.items()}
         self._watchdog = threading.Thread(target=self._watch, name="pyserve-ray-watchdog", daemon=True)
         self._watchdog.start()
+
+    @property
+    def kind(self) -> str:
+        """"pipeline" or "tensor": what the logs and errors call the world."""
+        return "pipeline" if self.spec.pipeline_parallel_size > 1 else "tensor"
 
     def _bundle(self, rank: int) -> tuple[object, int]:
         """-> (rank's placement group, its bundle index there)."""
@@ -227,10 +231,8 @@ class RayRankGroup:
         if self.plan.pipeline is None:
             runner = build_model_runner(spec, TPGroup(0, self.size, self.comm))
         else:
-            self.links = connect_links(self.plan, 0, self.node_ip, self.comm, self._store, self.comms)
-            stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, 0)
-            runner = build_model_runner(spec, TPGroup(0, spec.tensor_parallel_size, self.links.tp_comm),
-                                        stage, self.links)
+            links = connect_links(self.plan, 0, self.node_ip, self.comm, self._store, self.comms)
+            runner = build_stage_runner(spec, links)
         self.comm.barrier()  # every rank loaded
         return runner
 
@@ -257,8 +259,7 @@ class RayRankGroup:
             return
         rank = self.serving[ready[0]]
         info = self.infos[rank - 1]
-        kind = "pipeline-parallel" if self.spec.pipeline_parallel_size > 1 else "tensor-parallel"
-        where = f"{kind} rank {rank} (Ray actor pid {info.pid} on node {info.node_ip})"
+        where = f"{self.kind}-parallel rank {rank} (Ray actor pid {info.pid} on node {info.node_ip})"
         try:
             ray.get(ready[0])
             reason = f"{where} stopped serving"
@@ -296,9 +297,8 @@ class RayRankGroup:
             self._watchdog.join(STOP_TIMEOUT_S)
         for pg in self.pgs:
             remove_placement_group(pg)
-        logger.info("%s over Ray: stopped %d actor(s), removed the placement group%s",
-                    "pipeline parallel" if self.spec.pipeline_parallel_size > 1 else "tensor parallel",
-                    len(self.actors), "s" if len(self.pgs) > 1 else "")
+        logger.info("%s parallel over Ray: stopped %d actor(s), removed the placement group%s",
+                    self.kind, len(self.actors), "s" if len(self.pgs) > 1 else "")
         if self.owns_ray:
             ray.shutdown()
 
@@ -337,9 +337,8 @@ def _reserve(placement: GroupPlacement, world_size: int):
     size = len(placement.bundles)
     ranks = (f"{size} ranks" if size == world_size
              else f"ranks {placement.first_rank}..{placement.first_rank + size - 1} (one stage)")
-    where = ("on one node" if placement.fits_one_node else "on one node or several")
-    if placement.first_rank == 0:
-        where = "on this node" if placement.fits_one_node else "on this node and others"
+    node = "this node" if placement.first_rank == 0 else "one node"
+    where = f"on {node}" if placement.fits_one_node else f"on {node} and others"
     raise ModelLoadError(f"the Ray cluster cannot place {ranks} of {placement.cpus_per_rank} "
                          f"CPU(s) each {where} within {PLACEMENT_TIMEOUT_S:.0f}s (its nodes' CPUs: "
                          f"{cpus}; rank 0 needs its bundle on this node); add nodes, or lower "

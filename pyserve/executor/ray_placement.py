@@ -36,13 +36,6 @@ class GroupPlacement:
         return range(self.first_rank, self.first_rank + len(self.bundles))
 
 
-def group_placement(size: int, driver_node_id: str, driver_node_cpus: int,
-                    cpus_per_rank: int | None = None) -> GroupPlacement:
-    """cpus_per_rank None: the driver node's CPUs shared by the group's ranks (at least 1)."""
-    return world_placement(size, 1, driver_node_id, driver_node_cpus, driver_node_cpus,
-                           cpus_per_rank)[0]
-
-
 def world_placement(tp_size: int, pp_size: int, driver_node_id: str, driver_node_cpus: int,
                     largest_node_cpus: int, cpus_per_rank: int | None = None
                     ) -> list[GroupPlacement]:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from pyserve.executor.ray_collectives import Collectives, connect, connect_links, rank_store
-from pyserve.executor.shard import ShardSpec, build_model_runner
+from pyserve.executor.shard import ShardSpec, build_model_runner, build_stage_runner
 from pyserve.executor.step_channel import StepChannel
-from pyserve.model.layers.parallel import TPGroup, pipeline_stage
+from pyserve.model.layers.parallel import TPGroup
 
 logger = logging.getLogger("pyserve")
 
@@ -63,9 +63,7 @@ class RayWorker:
                 comm.barrier()  # attached: rank 0 may now unlink the segment's name
             if plan.pipeline is not None:
                 links = connect_links(plan, start.rank, host, comm, store)
-                stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, links.stage)
-                runner = build_model_runner(
-                    spec, TPGroup(links.tp_rank, spec.tensor_parallel_size, links.tp_comm), stage, links)
+                runner = build_stage_runner(spec, links)
             else:
                 runner = build_model_runner(spec, TPGroup(start.rank, plan.world_size, comm))
             comm.barrier()  # loaded

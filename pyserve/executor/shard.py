@@ -16,7 +16,7 @@ from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
 from pyserve.model.layers.parallel import (WHOLE_MODEL, PipelineStage, TPGroup, kv_heads_per_rank,
-                                            stage_layer_counts)
+                                            pipeline_stage, stage_layer_counts)
 from pyserve.model.loader import load_model
 from pyserve.model.runner import ModelRunner
 from pyserve.step import dummy_lengths, dummy_step
@@ -116,6 +116,14 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
         runner.graphs = capture_decode_graphs(model, kv_caches, spec.cuda_graph_sizes,
                                               max_blocks_per_seq(spec), device)
     return runner
+
+
+def build_stage_runner(spec: ShardSpec, links) -> ModelRunner:
+    """A pipeline stage's rank: its stage's layers, reducing over the stage's TP communicator
+    (links: its StageLinks, executor/pipeline.py; any backend's)."""
+    stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, links.stage)
+    tp = TPGroup(links.tp_rank, spec.tensor_parallel_size, links.tp_comm)
+    return build_model_runner(spec, tp, stage, links)
 
 
 def kv_layout(spec: ShardSpec, tp_size: int, stage: PipelineStage = WHOLE_MODEL) -> KVLayout:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from pyserve.executor.pipeline import PipelineLayout, attach_segments
-from pyserve.executor.shard import ShardSpec, build_model_runner
+from pyserve.executor.shard import ShardSpec, build_model_runner, build_stage_runner
 from pyserve.executor.step_channel import StepChannel
-from pyserve.model.layers.parallel import TPGroup, pipeline_stage
+from pyserve.model.layers.parallel import TPGroup
 
 logger = logging.getLogger("pyserve")
 
@@ -45,9 +45,7 @@ def worker_main(args: WorkerArgs) -> None:
     try:
         comm.barrier()  # attached: rank 0 may now unlink the segments' names
         if links is not None:
-            stage = pipeline_stage(spec.arch.num_layers, spec.pipeline_parallel_size, links.stage)
-            tp = TPGroup(links.tp_rank, spec.tensor_parallel_size, links.tp_comm)
-            runner = build_model_runner(spec, tp, stage, links)
+            runner = build_stage_runner(spec, links)
         else:
             model_comm = comm
             if spec.device == "cuda":

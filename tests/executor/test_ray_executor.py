@@ -22,7 +22,7 @@ from pyserve import LLM, SamplingParams
 from pyserve.cli import parse_config
 from pyserve.executor.gloo_communicator import GlooCommunicator, GlooRendezvous, host_store
 from pyserve.executor.ray_collectives import choose_collectives
-from pyserve.executor.ray_placement import NODE_ID_LABEL, group_placement, world_placement
+from pyserve.executor.ray_placement import NODE_ID_LABEL, world_placement
 from pyserve.executor.step_channel import StepChannel
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.runner import ForwardInputs
@@ -55,13 +55,13 @@ def test_ray_flags_reach_the_parallel_config():
 
 
 def test_placement_packs_a_world_that_fits_the_driver_node_and_spreads_one_that_does_not():
-    one = group_placement(2, "n0", driver_node_cpus=8)
+    (one,) = world_placement(2, 1, "n0", driver_node_cpus=8, largest_node_cpus=8)
     assert (one.strategy, one.cpus_per_rank) == ("STRICT_PACK", 4)
     assert one.bundles == ({"CPU": 4.0}, {"CPU": 4.0})
     assert one.label_selectors == ({NODE_ID_LABEL: "n0"}, {})  # bundle 0 is rank 0, here
-    wide = group_placement(2, "n0", driver_node_cpus=8, cpus_per_rank=8)
+    (wide,) = world_placement(2, 1, "n0", driver_node_cpus=8, largest_node_cpus=8, cpus_per_rank=8)
     assert (wide.strategy, wide.bundles) == ("PACK", ({"CPU": 8.0}, {"CPU": 8.0}))
-    assert group_placement(4, "n0", driver_node_cpus=2).cpus_per_rank == 1
+    assert world_placement(4, 1, "n0", driver_node_cpus=2, largest_node_cpus=2)[0].cpus_per_rank == 1
     # PP: a world that fits is one group; one that does not, a group per stage, each on one node
     (fits,) = world_placement(2, 2, "n0", driver_node_cpus=8, largest_node_cpus=8)
     assert (fits.strategy, len(fits.bundles), fits.cpus_per_rank) == ("STRICT_PACK", 4, 2)
