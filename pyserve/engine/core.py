@@ -215,9 +215,10 @@ class EngineCore:
             if not seq.draft_token_ids:
                 continue
             matcher = self.requests.child(seq.request_id).matcher
-            if matcher is not None and not matcher.is_terminated() and seq.draft_context is not None:
+            constrained = matcher is not None and not matcher.is_terminated()
+            if constrained and seq.draft_context is not None:  # a draft model's placeholders
                 seq.draft_grammar = matcher.fork()
-            elif matcher is not None and not matcher.is_terminated():
+            elif constrained:
                 walker = matcher.fork()
                 for i in range(len(seq.draft_token_ids) + 1):
                     rows[row + i] = walker.fork()  # the state after the first i drafts

@@ -42,12 +42,11 @@ class DraftModelProposer:
         seqs = [ScheduledSequence(r.request_id, r.context, r.context_start, r.block_ids, _GREEDY)
                 for r in requests]
         proposed = [0] * len(requests)
-        walkers = [r.grammar for r in requests]  # None: no grammar
         verify_states = {r.verify_row: r.grammar.fork() for r in requests if r.grammar is not None}
         active = list(range(len(requests)))
         while active:
-            tokens = self._greedy(seqs, {n: walkers[i] for n, i in enumerate(active)
-                                         if walkers[i] is not None})
+            tokens = self._greedy(seqs, {n: requests[i].grammar for n, i in enumerate(active)
+                                         if requests[i].grammar is not None})
             still = []
             for i, token in zip(active, tokens):
                 r = requests[i]
@@ -56,10 +55,9 @@ class DraftModelProposer:
                 drafts[j] = token
                 batch.inputs.input_ids[r.first_row + j] = token
                 proposed[i] = j + 1
-                walker = walkers[i]
-                if walker is not None:  # the token is one its mask allowed
-                    if walker.accept_token(token) and not walker.is_terminated():
-                        verify_states[r.verify_row + j + 1] = walker.fork()
+                if r.grammar is not None:  # the token is one its mask allowed
+                    if r.grammar.accept_token(token) and not r.grammar.is_terminated():
+                        verify_states[r.verify_row + j + 1] = r.grammar.fork()
                     else:
                         # the grammar ended with this draft (so does the request, if the
                         # target keeps it) or refused it (its row's mask rejects it there):
