@@ -114,6 +114,12 @@ struct Q8_0Format {
   }
 };
 
+using kquant::Q4_0Format;
+using kquant::Q4_KFormat;
+using kquant::Q5_0Format;
+using kquant::Q5_KFormat;
+using kquant::Q6_KFormat;
+
 #ifdef PYSERVE_VEC
 using namespace simd;
 // AVX-512: 24 accumulators + 2 weight vectors + 1 broadcast of 32 zmm; AVX2: 12 of 16 ymm
@@ -499,9 +505,10 @@ inline vec add_nibble_block(vec acc, ivec dot, vec d, vec mins, const float* sca
 
 #if PYSERVE_VEC == 16  // AVX-512 VNNI
 // rows a tile: 12 accumulators + 12 int32 sums + 4 weights + 2 x of 32 zmm (Q5_0 / Q5_K's
-// four fifth-bit words spill a few; the row count is Q4's, not tuned for them)
+// four fifth-bit words spill a few; the row count is Q4's, not tuned for them); Q6_K's tile
+// keeps 2 accumulators and 2 sums a row, and 4 high-bit words
 template <typename Format>
-constexpr int kInt8Rows = 6;
+constexpr int kInt8Rows = std::is_same_v<Format, Q6_KFormat> ? 4 : 6;
 
 // the first `cols` of an int8 tile's 32 columns, plus bias, into out
 template <int MR>
@@ -636,15 +643,74 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
   store_tile<MR>(acc, out, ldo, cols, bias);
 }
 
+// out[MR, 32] from MR quantized rows and one Q6_K panel: w = d·sc·(q - 32), q of 6 bits (the
+// nibble and two high bits, cpu/linear_kquant.h's q6_high_position) with a scale sc per 16 k.
+// Each 16 k's Σ q·qx is summed on its own (k < 16 from the low nibbles, k >= 16 from the high),
+// the -32 comes off as 32·Σ qx (block_sums, per 16 k), and each sum then adds d·sc·sx times
+// it. The column halves are walked one after the other so that a row's four sums stay two.
+template <int MR>
+inline void tile_q6_int8(const int8_t* q, const float* scale_sum, const int32_t* block_sums, int64_t K,
+                         const uint8_t* panel, float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = kSubBytes<Q6_KFormat>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m512i nibble = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
+  __m512 acc[MR][2];
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* nibbles = Q6_KFormat::int8_nibbles(panel, g);
+    for (int64_t line = 0; line < kBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(nibbles + kAhead * kBytes + line), _MM_HINT_T0);
+    for (int h = 0; h < 2; ++h) {
+      // [k < 16, k >= 16]: the columns' words, shifted up 4 (for j = 0, 1) and not (j = 2, 3)
+      __m512i high[2][2];
+      for (int t = 0; t < 2; ++t) {
+        high[t][1] = _mm512_loadu_si512(Q6_KFormat::int8_high_bits(panel, g, t) + h * 64);
+        high[t][0] = _mm512_slli_epi32(high[t][1], 4);
+      }
+      __m512i dot[MR][2];
+      for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(nibbles + h * 256 + j * 64);
+        __m512i w[2] = {_mm512_and_si512(raw, nibble), _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble)};
+        for (int t = 0; t < 2; ++t) {
+          const __m512i bits = j % 2 == 0 ? high[t][j / 2] : _mm512_srli_epi32(high[t][j / 2], 2);
+          w[t] = _mm512_or_si512(w[t], _mm512_and_si512(bits, bits45));
+        }
+        for (int m = 0; m < MR; ++m) {
+          const int8_t* xq = q + m * K + g * kGroup;
+          int32_t lo, hi;
+          std::memcpy(&lo, xq + 4 * j, 4);
+          std::memcpy(&hi, xq + 16 + 4 * j, 4);
+          dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], w[0], _mm512_set1_epi32(lo));
+          dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], w[1], _mm512_set1_epi32(hi));
+        }
+      }
+      const __m512 scale[2] = {Q6_KFormat::int8_scale(panel, g, 0, h), Q6_KFormat::int8_scale(panel, g, 1, h)};
+      for (int m = 0; m < MR; ++m) {
+        const __m512 sx = _mm512_set1_ps(scale_sum[(m * groups + g) * 2]);
+        for (int t = 0; t < 2; ++t) {
+          const __m512i offset = _mm512_set1_epi32(32 * block_sums[m * 2 * groups + 2 * g + t]);
+          const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][t], offset));
+          acc[m][h] = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale[t], sx), acc[m][h]);
+        }
+      }
+    }
+  }
+  store_tile<MR>(acc, out, ldo, cols, bias);
+}
+
 
 #else  // AVX2
 // Each tile runs over the whole panel once per 8 columns, its rows' int sums and float
 // accumulators in registers: 6 rows for the nibble formats (12 of 16 ymm, the weights and
 // their mask 3 more), 4 for Q8_0, whose sums take more temporaries (the best of 3 to 6 rows
 // in a single-thread benchmark), and 4 for Q5_0 / Q5_K, whose int32 sums beside the int16
-// ones and fifth-bit words would not fit 6.
+// ones and fifth-bit words would not fit 6; 2 for Q6_K, whose rows keep two int32 sums and
+// whose four high-bit words stay in registers too.
 template <typename Format>
-constexpr int kInt8Rows = std::is_same_v<Format, Q8_0Format> || NibbleBlocks<Format>::kFifthBits ? 4 : 6;
+constexpr int kInt8Rows = std::is_same_v<Format, Q6_KFormat>                                      ? 2
+                          : std::is_same_v<Format, Q8_0Format> || NibbleBlocks<Format>::kFifthBits ? 4
+                                                                                                   : 6;
 
 // x [M, K] -> q [M, K] int8 and, per row and block, (scale, Σ x)
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale_sum) {
@@ -794,14 +860,79 @@ inline void tile_q8_int8(const int8_t* q, const float* scale_sum, int64_t K, con
   }
   store_result<MR>(result, out, ldo, cols, bias);
 }
+
+// out[MR, 32] from MR quantized rows and one Q6_K panel, as the AVX-512 tile computes it
+// (each 16 k's Σ q·qx apart, less 32·Σ qx, times d·sc·sx). A vpmaddubsw pair sum of q (0 .. 63)
+// by qx reaches ±16,002, so each is widened to int32 at once.
+template <int MR>
+inline void tile_q6_int8(const int8_t* q, const float* scale_sum, const int32_t* block_sums, int64_t K,
+                         const uint8_t* panel, float* out, int64_t ldo, int64_t cols, const float* bias) {
+  constexpr int64_t kBytes = kSubBytes<Q6_KFormat>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+  alignas(64) float result[MR][kPanel];
+  for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, bytes 32 (v % 2) ..
+    vec acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = zero();
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* nibbles = Q6_KFormat::int8_nibbles(panel, g);
+      if (v == 0)
+        for (int64_t line = 0; line < kBytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(nibbles + kAhead * kBytes + line), _MM_HINT_T0);
+      nibbles += (v / 2) * 256 + (v % 2) * 32;
+      const int8_t* xq = q + g * kGroup;
+      __m256i high[2][2];  // as the AVX-512 tile's
+      for (int t = 0; t < 2; ++t) {
+        high[t][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q6_KFormat::int8_high_bits(panel, g, t) + v * 32));
+        high[t][0] = _mm256_slli_epi32(high[t][1], 4);
+      }
+      __m256i dot[MR][2];
+      for (int m = 0; m < MR; ++m) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + j * 64));
+        __m256i w[2] = {_mm256_and_si256(raw, nibble), _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble)};
+        for (int t = 0; t < 2; ++t) {
+          const __m256i bits = j % 2 == 0 ? high[t][j / 2] : _mm256_srli_epi32(high[t][j / 2], 2);
+          w[t] = _mm256_or_si256(w[t], _mm256_and_si256(bits, bits45));
+        }
+        for (int m = 0; m < MR; ++m)
+          for (int t = 0; t < 2; ++t) {
+            const __m256i pairs = _mm256_maddubs_epi16(w[t], broadcast4(xq + m * K + 16 * t + 4 * j));
+            dot[m][t] = _mm256_add_epi32(dot[m][t], _mm256_madd_epi16(pairs, ones));
+          }
+      }
+      const vec scale[2] = {Q6_KFormat::int8_scale(panel, g, 0, v), Q6_KFormat::int8_scale(panel, g, 1, v)};
+      for (int m = 0; m < MR; ++m) {
+        const vec sx = set1(scale_sum[(m * groups + g) * 2]);
+        for (int t = 0; t < 2; ++t) {
+          const __m256i offset = _mm256_set1_epi32(32 * block_sums[m * 2 * groups + 2 * g + t]);
+          acc[m] = fma(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot[m][t], offset)), mul(scale[t], sx), acc[m]);
+        }
+      }
+    }
+    store_columns<MR>(acc, result, v);
+  }
+  store_result<MR>(result, out, ldo, cols, bias);
+}
 #endif
+
+// x's int8 sums per row and 16 k: [M, K / 16] (Q6_K's scales cover 16 k)
+void block_sums_of(const int8_t* q, int64_t M, int64_t K, int32_t* sums) {
+  for (int64_t i = 0; i < M * K / 16; ++i) {
+    int32_t sum = 0;
+    for (int k = 0; k < 16; ++k) sum += q[i * 16 + k];
+    sums[i] = sum;
+  }
+}
 
 template <typename Format, int... R>
 inline void tile_int8_rows(int rows, std::integer_sequence<int, R...>, const int8_t* q,
-                           const float* scale_sum, int64_t K, const uint8_t* panel, float* out,
+                           const float* scale_sum, const int32_t* block_sums, int64_t K, const uint8_t* panel, float* out,
                            int64_t ldo, int64_t cols, const float* bias) {
   if constexpr (std::is_same_v<Format, Q8_0Format>)
     ((rows == R + 1 ? tile_q8_int8<R + 1>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
+  else if constexpr (std::is_same_v<Format, Q6_KFormat>)
+    ((rows == R + 1 ? tile_q6_int8<R + 1>(q, scale_sum, block_sums, K, panel, out, ldo, cols, bias) : void()), ...);
   else
     ((rows == R + 1 ? tile_q4_int8<R + 1, Format>(q, scale_sum, K, panel, out, ldo, cols, bias) : void()), ...);
 }
@@ -821,6 +952,13 @@ void int8_linear(const float* x, const uint8_t* packed, const float* bias, float
   int8_t* const q = q_buffer.data();
   float* const scale_sum = scale_sum_buffer.data();
   quantize_rows(x, M, K, q, scale_sum);
+  thread_local std::vector<int32_t> block_sums_buffer;
+  int32_t* block_sums = nullptr;
+  if constexpr (std::is_same_v<Format, Q6_KFormat>) {
+    block_sums_buffer.resize(M * K / 16);
+    block_sums = block_sums_buffer.data();
+    block_sums_of(q, M, K, block_sums);
+  }
   // rows in chunks whose int8 x stays in a core's L2 while every panel passes over it
   constexpr int kRows = kInt8Rows<Format>;
   const int64_t chunk = std::max<int64_t>(kRows, (512 * 1024 / K) / kRows * kRows);
@@ -832,7 +970,8 @@ void int8_linear(const float* x, const uint8_t* packed, const float* bias, float
         for (int64_t m = m0; m < m1; m += kRows)
           tile_int8_rows<Format>(static_cast<int>(std::min<int64_t>(kRows, m1 - m)),
                             std::make_integer_sequence<int, kRows>{}, q + m * K,
-                            scale_sum + m * groups * 2, K, packed + p * panel_bytes,
+                            scale_sum + m * groups * 2, block_sums ? block_sums + m * K / 16 : nullptr,
+                            K, packed + p * panel_bytes,
                             out + m * N + n0, N, std::min(kPanel, N - n0), bias ? bias + n0 : nullptr);
       }
     });
@@ -891,11 +1030,6 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   }
 }
 
-using kquant::Q4_0Format;
-using kquant::Q4_KFormat;
-using kquant::Q5_0Format;
-using kquant::Q5_KFormat;
-using kquant::Q6_KFormat;
 
 // A packed weight's format. GGUF block panels stored as int8 (the bytes are the same) mark a
 // layer whose activations are quantized to int8 for integer dot products (pack_gguf_weight's
@@ -924,11 +1058,9 @@ constexpr std::pair<const char*, Kind> kBlockTypes[] = {
     {"Q4_K", Kind::kQ4_K}, {"Q5_K", Kind::kQ5_K}, {"Q6_K", Kind::kQ6_K}};
 
 // the formats with an int8 kernel (cpu/ops.h): the nibble ones (with Q5_0's and Q5_K's
-// fifth bits) and Q8_0; Q6_K's two scales per 32 k have none yet
+// fifth bits), Q6_K and Q8_0: every quantized one
 template <typename Format>
-constexpr bool kHasInt8Kernel = std::is_same_v<Format, Q4_0Format> || std::is_same_v<Format, Q4_1Format> ||
-                                std::is_same_v<Format, Q5_0Format> || std::is_same_v<Format, Q8_0Format> ||
-                                std::is_same_v<Format, Q4_KFormat> || std::is_same_v<Format, Q5_KFormat>;
+constexpr bool kHasInt8Kernel = Format::kQuantized;
 bool has_int8_kernel(Kind kind) {
   bool has = false;
   with_format(kind, [&]<typename Format>() { has = kHasInt8Kernel<Format>; });

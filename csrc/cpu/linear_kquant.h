@@ -8,9 +8,9 @@
 // columns, each 4 blocks of 64 bytes; in block j, bytes 4c .. 4c + 3 hold column c's q at
 // k = 4j .. 4j + 3 in their low nibbles and at k = 16 + 4j .. in their high (vpdpbusd's order).
 // Higher bits sit in one 32-bit word per column and 32 k (16 k for Q6_K's two bits), so one
-// shift reads them for a vector of columns: Q6_K's bits 2i, 2i + 1 for k = i; Q5_0's and
-// Q5_K's fifth bits in the nibbles' byte order (fifth_bit_position), so that the int8
-// kernel's bytes of k = 4j + b (b = 0 .. 3, a lane's four) get theirs from one shift and mask.
+// shift reads them for a vector of columns, in the nibbles' byte order, so that the int8
+// kernel's bytes of k = 4j + b (b = 0 .. 3, a lane's four) get theirs from one shift and mask:
+// Q5_0's and Q5_K's fifth bits at fifth_bit_position, Q6_K's two at q6_high_position.
 //
 // Groups (the unit of a panel's tensor dimension 1) hold 32 k for Q4_0 / Q5_0 and one
 // super-block of 256 k for the K-quants, whose d and dmin cover all 256:
@@ -72,6 +72,11 @@ inline uint32_t fifth_bit_word(const uint8_t* qh_bits) {  // 32 bits, bit i for 
   for (int i = 0; i < kGroup; ++i) word |= ((bits >> i) & 1u) << fifth_bit_position(i);
   return word;
 }
+
+// where the two high bits of k = i (0 .. 15) of a Q6_K column's 16 k sit in its word: byte
+// b = i % 4, bits 2 (i / 4) and up. Block j of the nibbles (k = 4j + b) then finds them at bits
+// 4, 5 of each byte of (word << 4) >> 2j.
+constexpr int q6_high_position(int64_t i) { return static_cast<int>(8 * (i % 4) + 2 * (i / 4)); }
 
 // Q4_K / Q5_K's 12 bytes of 6-bit scales and mins -> sc[8], m[8] (ggml's get_scale_min_k4)
 inline void k_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
@@ -306,7 +311,7 @@ struct Q6_KFormat {
     const uint8_t* g = panel + k / kSuperK * kGroupBytes;
     const int64_t s = k % kSuperK / kGroup, i = k % kGroup;
     const uint32_t high = u32_at(g + kHigh + s * 256 + (i / 16) * 128 + 4 * c);
-    const int q = nibble_at(g + kNibbles + s * 512, k, c) | ((high >> (2 * (i % 16))) & 3) << 4;
+    const int q = nibble_at(g + kNibbles + s * 512, k, c) | ((high >> q6_high_position(i % 16)) & 3) << 4;
     const float ds = half_at(g + 2 * c) * static_cast<float>(static_cast<int8_t>(g[64 + (k % kSuperK / 16) * 32 + c]));
     return ds * static_cast<float>(q - 32);
   }
@@ -320,7 +325,8 @@ struct Q6_KFormat {
       for (int i = 0; i < kGroup; ++i) {
         const int e = 32 * s + i, h = e / 128, r = e % 128;
         put_nibble(g + kNibbles + s * 512, i, c, (block[64 * h + r % 64] >> (4 * (r / 64))) & 15);
-        high[i / 16] |= static_cast<uint32_t>((block[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3) << (2 * (i % 16));
+        high[i / 16] |= static_cast<uint32_t>((block[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3)
+                        << q6_high_position(i % 16);
       }
       std::memcpy(g + kHigh + s * 256 + 4 * c, &high[0], 4);
       std::memcpy(g + kHigh + s * 256 + 128 + 4 * c, &high[1], 4);
@@ -340,11 +346,25 @@ struct Q6_KFormat {
     void row(simd::vec* w) const {
       constexpr int kHalf = KK % kGroup / 16;
       for (int u = 0; u < v::kVecs; ++u) {
-        const auto ints = v::ior(v::nibbles<KK>(q, u), v::high_bits<2 * (KK % 16), 0x30>(high + kHalf * 128, u));
+        const auto ints = v::ior(v::nibbles<KK>(q, u), v::high_bits<q6_high_position(KK % 16), 0x30>(high + kHalf * 128, u));
         w[u] = simd::mul(ds[kHalf][u], v::to_float(v::isub(ints, v::iset1(32))));
       }
     }
   };
+#endif
+#ifdef PYSERVE_VEC
+  // the int8 kernel's view of 32 k g: its nibbles, its two 16 k's high-bit words (t = 0: k <
+  // 16) and, for the kLanes columns from kLanes·u, each 16 k's scale d·sc (w = d·sc·(q - 32))
+  static const uint8_t* int8_nibbles(const uint8_t* panel, int64_t g) {
+    return panel + g / 8 * kGroupBytes + kNibbles + g % 8 * 512;
+  }
+  static const uint8_t* int8_high_bits(const uint8_t* panel, int64_t g, int t) {
+    return panel + g / 8 * kGroupBytes + kHigh + g % 8 * 256 + t * 128;
+  }
+  static simd::vec int8_scale(const uint8_t* panel, int64_t g, int t, int u) {
+    const uint8_t* group = panel + g / 8 * kGroupBytes;
+    return simd::mul(v::half_float(group + u * v::kLanes * 2), v::i8_float(group + 64 + (2 * (g % 8) + t) * 32 + u * v::kLanes));
+  }
 #endif
 };
 
