@@ -14,10 +14,10 @@ sentence-transformers' encode(batch_size=...) in the same process, one after the
   float32 model's), pooled as vLLM pools a causal LM: last token, normalized; a second row
   with --gguf-activations int8 (the layers' inputs rounded to int8 for integer dot
   products, llama.cpp's arithmetic) where the CPU has that kernel (AVX2, AVX-512 VNNI), and
-  one with --dtype bfloat16 (steps' GEMMs in bfloat16) where the CPU has AMX;
+  one with --dtype bfloat16 (steps' GEMMs in bfloat16) where the CPU has AMX or AVX-512 BF16;
 - a BERT of all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads, random weights made by
   tools/make_tiny_bert.py: no model hub here), mean pooling, normalized, from its
-  sentence-transformers directory; with AMX a --dtype bfloat16 row too.
+  sentence-transformers directory; with AMX or AVX-512 BF16 a --dtype bfloat16 row too.
 
 Both sides get a warm-up pass first; each figure is the best of --repeats passes. Cosine
 agreement of the two sides' embeddings is printed too.

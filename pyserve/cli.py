@@ -211,7 +211,7 @@ def _parallel_flags(g) -> None:
                    help="ranks the model is split over: this process plus one worker process "
                         "per extra rank")
     g.add_argument("--pipeline-parallel-size", "-pp", type=_positive_int, default=1,
-                   help="pipeline stages the layers are split over (mp backend, CPU), each of "
+                   help="pipeline stages the layers are split over (mp or ray backend, CPU), each of "
                         "--tensor-parallel-size ranks: TP x PP processes in all")
     g.add_argument("--pipeline-micro-batches", type=_positive_int, default=1,
                    help="pipeline parallelism: micro-batches (of whole sequences) a step is cut "

@@ -23,7 +23,7 @@ from pyserve.kv.cache import DEFAULT_CPU_KV_CACHE_BYTES, KVLayout
 from pyserve.kv.groups import KVGroups, plan_kv_groups, sequence_blocks
 from pyserve.arith import cdiv
 from pyserve.model.cuda_graphs import capture_sizes
-from pyserve.model.layers.linear import BF16_GEMM_MIN_ROWS, BF16_GEMM_MIN_ROWS_INT8, bf16_gemm_supported
+from pyserve.model.layers.linear import BF16GemmRows, bf16_gemm_rows
 from pyserve.model.layers.parallel import kv_heads_per_rank
 from pyserve.model.loader import resolve_dtype
 from pyserve.model.models.bert import EncoderArch
@@ -122,16 +122,17 @@ def _int8_activations(requested: str) -> bool:
     return True
 
 
-def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dtype) -> bool:
+def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dtype) -> BF16GemmRows | None:
     """--dtype bfloat16 on the CPU: bfloat16 weights, float32 activations, and where the CPU
-    multiplies bfloat16 fast (AMX) the GEMMs of many-row steps (prefill) in bfloat16."""
+    multiplies bfloat16 fast (AMX or AVX-512 BF16) the GEMMs of many-row steps (prefill) in
+    bfloat16, from the rows this hardware's thresholds say."""
     if device.type != "cpu" or weight_dtype != torch.bfloat16 or dtype != torch.float32:
-        return False
-    if not bf16_gemm_supported():
-        logger.info("--dtype bfloat16: this CPU has no AMX-BF16, so GEMMs stay float32 "
-                    "(bfloat16 weights widened)")
-        return False
-    return True
+        return None
+    rows = bf16_gemm_rows()
+    if rows is None:
+        logger.info("--dtype bfloat16: this CPU has neither AMX-BF16 nor AVX-512 BF16, so GEMMs "
+                    "stay float32 (bfloat16 weights widened)")
+    return rows
 
 
 def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
@@ -221,10 +222,12 @@ def resolve(config: Config) -> EnginePlan:
     weights = (f"GGUF weights from {source.gguf_path.name}, "
                f"{'int8' if int8 else 'float32'} activations" if gguf_kept
                else _dtype_name(dtype, weight_dtype))
-    if bf16_gemm:
-        weights += f"; bfloat16 GEMMs (AMX) from {BF16_GEMM_MIN_ROWS} rows a step"
+    if bf16_gemm is not None:
+        rows = bf16_gemm.gguf_panels if gguf_kept else bf16_gemm.float_panels
+        weights += f"; bfloat16 GEMMs ({bf16_gemm.hardware}) from {rows} rows a step"
         if int8:  # layers with int8-activation panels hold out longer (layers/linear.py)
-            weights += f", {BF16_GEMM_MIN_ROWS_INT8} on int8 layers"
+            weights += (f", {bf16_gemm.int8_panels} on int8 layers" if bf16_gemm.int8_panels
+                        else ", none on int8 layers")
     order = config.cache.kv_block_order
     if order == "auto":
         order = "lru" if device.type == "cuda" else "resident"

@@ -15,6 +15,7 @@ from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.arith import cdiv
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
+from pyserve.model.layers.linear import BF16GemmRows
 from pyserve.model.layers.parallel import (WHOLE_MODEL, PipelineStage, TPGroup, kv_heads_per_rank,
                                             pipeline_stage, stage_layer_counts)
 from pyserve.model.loader import load_model
@@ -50,7 +51,8 @@ class ShardSpec:
     pipeline_parallel_size: int = 1  # stages; world size tensor_parallel_size * this
     pipeline_micro_batches: int = 1  # at most this many per step, so that stages overlap
     kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
-    bf16_gemm: bool = False  # steps of many rows: bfloat16 GEMMs (--dtype bfloat16 with AMX)
+    # steps of many rows: bfloat16 GEMMs from these rows (--dtype bfloat16, AMX or AVX-512 BF16)
+    bf16_gemm: BF16GemmRows | None = None
 
     @property
     def world_size(self) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from pyserve.model.arch import ModelArch
 from pyserve.errors import ModelLoadError
+from pyserve.model.layers.linear import BF16GemmRows
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.registry import is_encoder, model_class
 
@@ -52,7 +53,7 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
 
 
 def pack_weights(model: torch.nn.Module, int8_activations: bool = False,
-                 bf16_gemm: bool = False) -> None:
+                 bf16_gemm: BF16GemmRows | None = None) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
     in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
     layers that can run as one native call are set up to. bf16_gemm: the linear layers (not
@@ -65,7 +66,7 @@ def pack_weights(model: torch.nn.Module, int8_activations: bool = False,
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             if module.gguf is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
                 pack_for_cpu(module, int8_activations,
-                             bf16_gemm and not isinstance(module, VocabParallelEmbedding))
+                             None if isinstance(module, VocabParallelEmbedding) else bf16_gemm)
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native()
@@ -146,7 +147,8 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
                device: torch.device, max_positions: int, seed: int,
                tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
                gguf_path: Path | None = None, int8_activations: bool = False,
-               stage: PipelineStage = WHOLE_MODEL, bf16_gemm: bool = False) -> torch.nn.Module:
+               stage: PipelineStage = WHOLE_MODEL,
+               bf16_gemm: BF16GemmRows | None = None) -> torch.nn.Module:
     """stage: the pipeline stage this process runs (its layers only).
     gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
     Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.

@@ -4,6 +4,8 @@ never holds more than its shard and loading needs no full extra copy of the mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,46 +25,78 @@ from pyserve.model.layers.quantized import (GGUFBlocks, GGUFParts, part_destinat
 PACKED_MAX_ROWS = 256
 QUANTIZED_PACKED_MAX_ROWS = 384
 
-# With bfloat16 GEMMs (--dtype bfloat16 on a CPU with AMX-BF16: oneDNN's tiles multiply
-# bfloat16 at several times float32's rate) a layer of at least this many rows rounds its
-# input to bfloat16 for one GEMM on a bfloat16 copy of its weight. Below, the packed kernel
-# (memory-bound) stays ahead: on SmolLM2's 30 layers (python -m benchmarks.linear) 16 rows
-# took 19.7 ms as a bf16 GEMM against 14.2 packed Q4_1 and 27.9 packed bf16; 32 rows 24.9
-# against 24.3 and 50.2; 64 rows 30.1 against 49.8. Int8-activation panels hold out longer
-# (128 rows: 40.5 against 40.8 ms; 256: 62.4 against 77.3).
-BF16_GEMM_MIN_ROWS = 32
-BF16_GEMM_MIN_ROWS_INT8 = 128
+# With bfloat16 GEMMs (--dtype bfloat16 on a CPU that multiplies bfloat16 fast) a layer of at
+# least min_rows(packed) rows rounds its input to bfloat16 for one GEMM on a bfloat16 copy of
+# its weight; below, the packed kernel (memory-bound at few rows) stays ahead. The thresholds
+# are measured per kind of hardware with python -m benchmarks.linear (SmolLM2's 30 layers):
+# - AMX-BF16 (oneDNN's tiles, several times float32's rate; two Sapphire Rapids-class
+#   cores): 16 rows took 19.7 ms as a bf16 GEMM against 14.2 packed Q4_1 and 27.9 packed
+#   bf16; 32 rows 24.9 against 24.3 and 50.2; 64 rows 30.1 against 49.8. Int8-activation
+#   panels hold out longer (128 rows: 40.5 against 40.8 ms; 256: 62.4 against 77.3).
+# - AVX-512 BF16 alone (vdpbf16ps, 2 bfloat16 products per float32 lane; two Zen 4 cores,
+#   2026-12-04): the GEMM ran 152-333 GFLOP/s from 32 to 128 rows where float32 BLAS ran
+#   59-150. Against packed bfloat16 weights it wins from 16 rows (38.5 ms against 44.8;
+#   8 rows: 22.1 against 20.4), against packed Q4_1 from 48 (54.4 against 58.5; 32 rows: 44.6
+#   against 37.0), and never against int8-activation panels (vpdpbusd: 371-587 GFLOP/s at
+#   16-128 rows, against 88-333), which keep no bfloat16 copy there.
+@dataclass(frozen=True)
+class BF16GemmRows:
+    """From how many rows a step runs a layer as one bfloat16 GEMM, by its packed weight."""
+
+    hardware: str  # what multiplies bfloat16 here, for the start-up line
+    float_panels: int  # float32 / bfloat16 weights
+    gguf_panels: int  # GGUF blocks with float32 activations (uint8 panels)
+    int8_panels: int | None  # GGUF blocks with int8 activations; None: never
+
+    def min_rows(self, packed: torch.Tensor) -> int | None:
+        if packed.dtype == torch.int8:
+            return self.int8_panels
+        return self.gguf_panels if packed.dtype == torch.uint8 else self.float_panels
 
 
-def packed_max_rows(packed: torch.Tensor, bf16_gemm: bool = False) -> int:
+BF16_GEMM_AMX = BF16GemmRows("AMX", 32, 32, 128)
+BF16_GEMM_AVX512 = BF16GemmRows("AVX-512 BF16", 16, 48, None)
+
+
+def bf16_gemm_rows() -> BF16GemmRows | None:
+    """This CPU's bfloat16 GEMM thresholds (above), or None where bfloat16 GEMMs do not pay
+    (no AMX and no AVX-512 BF16: oneDNN then emulates them, slower than float32)."""
+    if torch.cpu._is_amx_tile_supported():
+        return BF16_GEMM_AMX
+    if torch.cpu._is_avx512_bf16_supported():
+        return BF16_GEMM_AVX512
+    return None
+
+
+def bf16_gemm_supported() -> bool:
+    return bf16_gemm_rows() is not None
+
+
+def packed_max_rows(packed: torch.Tensor, bf16_gemm: BF16GemmRows | None = None) -> int:
     """The most rows of x the packed kernel takes for this packed weight (see above); more go
     to BLAS, or to the bfloat16 GEMM where the layer has one (bf16_gemm)."""
-    if bf16_gemm:
-        return (BF16_GEMM_MIN_ROWS_INT8 if packed.dtype == torch.int8 else BF16_GEMM_MIN_ROWS) - 1
+    gemm_rows = None if bf16_gemm is None else bf16_gemm.min_rows(packed)
+    if gemm_rows is not None:
+        return gemm_rows - 1
     if packed.dtype == torch.int8:
         return torch.iinfo(torch.int64).max
     return QUANTIZED_PACKED_MAX_ROWS if packed.dtype == torch.uint8 else PACKED_MAX_ROWS
 
 
-def bf16_gemm_supported() -> bool:
-    """Whether bfloat16 GEMMs pay on this CPU: AMX tiles (measured: ~1,200 against ~300
-    GFLOP/s for float32 BLAS at 512 rows on two Sapphire Rapids-class cores). AVX-512 BF16
-    alone (vdpbf16ps, e.g. Zen 4) is not measured yet, so it keeps the float32 GEMM."""
-    return torch.cpu._is_amx_tile_supported()
-
-
-def pack_for_cpu(layer: nn.Module, int8_activations: bool = False, bf16_gemm: bool = False) -> None:
+def pack_for_cpu(layer: nn.Module, int8_activations: bool = False,
+                 bf16_gemm: BF16GemmRows | None = None) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
-    lookup read. The unpacked copy is freed. int8_activations: a Q4_1 / Q8_0 layer then quantizes its
+    lookup read. The unpacked copy is freed. int8_activations: a GGUF layer then quantizes its
     input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h).
     bf16_gemm: the layer also keeps its weight as plain bfloat16 [N, K] (gemm_weight, 2 bytes a
-    weight besides the packed form) for steps of BF16_GEMM_MIN_ROWS rows or more."""
+    weight besides the packed form) for steps of bf16_gemm.min_rows rows or more, unless its
+    packed kernel is the faster at every row count."""
     _pack(layer, int8_activations)
     parts = ([(layer.packed, layer.out_features)] if layer.packed is not None
              else layer.packed_parts)
     layer.max_packed_rows = min(packed_max_rows(p, bf16_gemm) for p, _ in parts)
-    if bf16_gemm:
+    if bf16_gemm is not None and any(bf16_gemm.min_rows(p) is not None for p, _ in parts):
         layer.gemm_weight = torch.cat([_native.unpack_linear_weight(p, rows).bfloat16()
                                        for p, rows in parts])
 
