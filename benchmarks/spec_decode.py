@@ -11,7 +11,11 @@ tokens are checked equal on both sides):
   speculate; --batch-limit sets it (0: no limit) to show what speculating it would cost.
 
     python -m benchmarks.spec_decode [--max-tokens 128] [--k 4] [--repeats 2] [--batch-limit N]
-                                     [--draft-model DIR]
+                                     [--draft-model DIR] [--gguf-activations int8]
+
+--gguf-activations int8 runs both sides in that mode, where a verify step's extra rows cost
+little (the integer kernel is far from compute-bound at a few rows); the exact mode's float32
+rows each cost about a row's worth of FMAs.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch-limit", type=int, default=None,
                    help="disable_by_batch_size (default: pyserve's, 4; 0: none)")
+    p.add_argument("--gguf-activations", choices=("float32", "int8"), default="float32")
     p.add_argument("--draft-model", default=None,
                    help="speculate with this draft model (a directory or .gguf with the default "
                         "model's vocabulary) instead of n-gram lookup")
@@ -93,7 +98,7 @@ def main() -> int:
     batch = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     results = {}
     for name, flags in (("plain", {}), (method, {"speculative_config": spec})):
-        llm = LLM(None, max_model_len=2048, **flags)
+        llm = LLM(None, max_model_len=2048, gguf_activations=args.gguf_activations, **flags)
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
         results[name] = {kind: single_streams(llm, prompts, greedy, args.repeats)
                          for kind, prompts in KINDS.items()}

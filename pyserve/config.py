@@ -118,6 +118,8 @@ class SpeculativeConfig:
             raise ConfigError("--speculative-config: \"model\" is for method \"draft_model\"")
         k = value.get("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            # 16 at most: csrc/cpu/attention.cpp computes verify steps of up to 17 rows row by
+            # row, as decode steps are, so that speculation never changes greedy output
             raise ConfigError("--speculative-config: num_speculative_tokens must be 1 to 16")
         hi = value.get("prompt_lookup_max", value.get("prompt_lookup_min", 4))
         lo = value.get("prompt_lookup_min", min(hi, 1) if isinstance(hi, int) else 1)

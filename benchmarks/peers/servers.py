@@ -74,7 +74,7 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                    lambda port: pyserve + ["--port", str(port)],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)"),
         ServerSpec("pyserve-bf16", "pyserve, --dtype bfloat16 (bfloat16 weights, float32 "
-                   "activations and KV cache; with AMX, bfloat16 GEMMs for steps of many rows)",
+                   "activations and KV cache; with AMX or AVX-512 BF16, bfloat16 GEMMs for steps of many rows)",
                    lambda port: pyserve + ["--port", str(port), "--dtype", "bfloat16"],
                    needs=(REPO / ".venv/bin/python",), install_hint="make serve (tools/setup.sh)",
                    weight_scale=0.5),
@@ -111,13 +111,13 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                        lambda port: pyserve_gguf + ["--port", str(port)],
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
                        weights=gguf),
-            ServerSpec("pyserve-gguf-int8", "pyserve-gguf with --gguf-activations int8 (the "
-                       "Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 layers; Q6_K stays exact)",
+            ServerSpec("pyserve-gguf-int8", "pyserve-gguf with --gguf-activations int8 (every "
+                       "type kept quantized: Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K)",
                        lambda port: pyserve_gguf + ["--port", str(port), "--gguf-activations", "int8"],
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",
                        weights=gguf),
-            ServerSpec("pyserve-gguf-bf16", "pyserve-gguf with --dtype bfloat16: with AMX, "
-                       "steps of many rows (prefill) as bfloat16 GEMMs on a bfloat16 copy of each "
+            ServerSpec("pyserve-gguf-bf16", "pyserve-gguf with --dtype bfloat16: with AMX or "
+                       "AVX-512 BF16, steps of many rows (prefill) as bfloat16 GEMMs on a bfloat16 copy of each "
                        "layer; decode rows as pyserve-gguf",
                        lambda port: pyserve_gguf + ["--port", str(port), "--dtype", "bfloat16"],
                        needs=(REPO / ".venv/bin/python", gguf), install_hint="make serve (tools/setup.sh)",

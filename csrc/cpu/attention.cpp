@@ -8,7 +8,8 @@
 // exponentials a vector at a time, then the value rows into register accumulators); others
 // take the plain loop, which is also the specification of both.
 //
-// A prefill chunk's rows (with AVX-512, blocks of a multiple of 16 tokens and G <= 16) go
+// A prefill chunk's rows (more than 17: kRowwiseMaxRows; with AVX-512, blocks of a multiple of
+// 16 tokens and G <= 16) go
 // 16 query heads at a time (16 / G rows): the heads are transposed once into [D][16], so one
 // key's 16 scores are D FMAs, each broadcasting one element of the key, with no horizontal
 // sums, and the online softmax runs on 16 heads at once. The one-row path spends a
@@ -404,6 +405,14 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   const int64_t padded = block_size;
 #endif
 
+  // A sequence's rows go through the tile path only when it has more of them than a
+  // speculative verify step carries (1 + at most 16 drafts, config.py's limit): a verify row
+  // must compute exactly what the one-row (decode) path computes for it, or a draft could be
+  // judged against logits that differ from plain decoding's in the last bits, and under
+  // --gguf-activations int8, whose rounding of activations amplifies such bits, by tenths of a
+  // logprob. Shorter prefill chunks take the one-row path too; their attention is a small part
+  // of their step.
+  constexpr int64_t kRowwiseMaxRows = 17;
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
   const tile_fn<scalar_t> tile_path =
       same_layout && softcap <= 0.f ? tile_attention<scalar_t>(head_size, block_size, group) : nullptr;
@@ -424,7 +433,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_len = starts[b + 1] - starts[b];
     uneven |= q_len > 1;
-    const int64_t step = q_len > 1 ? tile_rows : 1;
+    const int64_t step = q_len > kRowwiseMaxRows ? tile_rows : 1;
     for (int64_t r0 = 0; r0 < q_len; r0 += step) {
       const int64_t rows = std::min(step, q_len - r0);
       const int64_t keys = lens[b] - q_len + r0 + rows;
@@ -468,7 +477,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
       const int64_t first_keys = lens[b] - q_len + (item.row0 - starts[b]) + 1;
       auto begin = [window](int64_t keys) { return window > 0 ? std::max<int64_t>(0, keys - window) : int64_t{0}; };
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
-      if (tile_path != nullptr && q_len > 1) {
+      if (tile_path != nullptr && q_len > kRowwiseMaxRows) {
         for (int64_t r = 0; r < rows; ++r) {
           row_keys[r] = first_keys + r;
           row_begin[r] = begin(first_keys + r);

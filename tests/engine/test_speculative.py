@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from pyserve import _native
 from pyserve.config import ConfigError, SpeculativeConfig
 from pyserve.engine.ngram import next_lookahead, propose
 from pyserve.llm import LLM
@@ -143,7 +144,38 @@ def test_logprobs_of_speculated_tokens_equal_plain_decodings(pair):
             assert list(x) == list(y)  # the chosen token first, then the same top 3
             for token in x:
                 assert x[token].rank == y[token].rank
+                # not bitwise: the two engines' prefix caches differ by this module's earlier
+                # tests, so a prompt's uncached part is prefilled in other chunks
                 assert x[token].logprob == pytest.approx(y[token].logprob, abs=1e-4)
+
+
+COPYING = ["The paged KV cache stores keys and values in fixed-size blocks. A block table maps each "
+           "sequence's positions to blocks, so sequences grow without copying.\n\nRepeat the text "
+           "above exactly.",
+           "def area(shape, a):\n    if shape == 'square':\n        return a * a\n    raise "
+           "ValueError(shape)\n\nRename the function to shape_area and return the whole code:\n"]
+
+
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
+def test_int8_activations_speculate_exactly_too():
+    """--gguf-activations int8 rounds every layer's input to 8 bits, which turns a last-bit
+    difference in a row's attention into tenths of a logprob: greedy output and logprobs stay
+    those of plain decoding only because a verify step's rows compute bitwise what decode
+    steps compute (csrc/cpu/attention.cpp's one-row path for up to 17 rows). One stream at a
+    time, as W1 runs: in a batch, speculation moves when other requests' prompts are prefilled,
+    in which chunks, and a prefill chunk's rows sum attention in their own order."""
+    flags = dict(max_model_len=1024, max_num_batched_tokens=64, gguf_activations="int8")
+    plain, spec = LLM(None, **flags), LLM(None, speculative_config=NGRAM, **flags)
+    params = SamplingParams(temperature=0, max_tokens=64, logprobs=2, ignore_eos=True)
+    prompts = REPEATING + COPYING
+    want = [plain.generate([p], params)[0] for p in prompts]
+    got = [spec.generate([p], params)[0] for p in prompts]
+    assert spec.engine.stats.spec_accepted_tokens > 0
+    for a, b in zip(want, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [{t: (lp.rank, lp.logprob) for t, lp in x.items()} for x in a.outputs[0].logprobs] == \
+            [{t: (lp.rank, lp.logprob) for t, lp in x.items()} for x in b.outputs[0].logprobs]
+    assert_books_balanced(spec)
 
 
 CONSTRAINTS = [

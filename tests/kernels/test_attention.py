@@ -164,3 +164,30 @@ def test_paged_attention_rejects_bad_metadata():
     with pytest.raises(RuntimeError, match="int32"):
         _native.paged_attention(out, query, kc, vc, tables.long(), torch.tensor([0, 4], dtype=torch.int32),
                                 torch.tensor([20], dtype=torch.int32), 0.125)
+
+
+@pytest.mark.parametrize("q_len", [2, 5, 17])  # verify steps: 1 + 1 .. 16 drafts
+@pytest.mark.parametrize("num_kv_heads,group", [(3, 3), (1, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_steps_rows_are_bitwise_their_decode_steps(q_len, num_kv_heads, group, dtype):
+    """A speculative verify step puts 1 + k rows of one sequence in the batch; each row's output
+    must be bitwise what a decode step (one row, the context through its position) computes,
+    beside other sequences' rows, or a draft could be judged against logits that differ from
+    plain decoding's (the AVX-512 tile path for prefill chunks sums in another order)."""
+    head_size, block_size = 64, 16
+    specs = [(150, q_len), (40, 1), (70, 30)]  # the verify rows, a decode row, a prefill chunk
+    num_heads = num_kv_heads * group
+    key_cache, value_cache, block_tables, _ = make_batch(specs, num_kv_heads, head_size, block_size,
+                                                         dtype, seed=q_len)
+    gen = torch.Generator().manual_seed(q_len)
+    query = torch.randn(q_len + 31, num_heads, head_size, generator=gen).to(dtype)
+    starts = torch.tensor([0, q_len, q_len + 1, q_len + 31], dtype=torch.int32)
+    seq_lens = torch.tensor([c for c, _ in specs], dtype=torch.int32)
+    out = torch.empty_like(query)
+    _native.paged_attention(out, query, key_cache, value_cache, block_tables, starts, seq_lens, 0.125)
+    for r in range(q_len):
+        alone = torch.empty(1, num_heads, head_size, dtype=dtype)
+        context = torch.tensor([150 - q_len + r + 1], dtype=torch.int32)
+        _native.paged_attention(alone, query[r:r + 1].contiguous(), key_cache, value_cache,
+                                block_tables[:1], torch.tensor([0, 1], dtype=torch.int32), context, 0.125)
+        assert torch.equal(out[r], alone[0]), r
