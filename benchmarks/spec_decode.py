@@ -7,8 +7,12 @@ tokens are checked equal on both sides):
   up): milliseconds per output token (the median over the prompts of a request's time over
   its tokens, best of --repeats) and the mean tokens per verified step;
 - a W2-shaped batch (16 prompts of 256 random tokens, 128 out, ignore_eos, all at once):
-  output tokens per second. With the default disable_by_batch_size (4) such a batch does not
-  speculate; --batch-limit sets it (0: no limit) to show what speculating it would cost.
+  output tokens per second, the best of --repeats. With the default disable_by_batch_size
+  (4) such a batch does not speculate; --batch-limit sets it (0: no limit) to show what
+  speculating it would cost.
+
+Both engines stay up and take turns prompt by prompt (plain, then speculating), so that the
+machine's drift touches both sides alike; each kind's per-prompt ratios are printed too.
 
     python -m benchmarks.spec_decode [--max-tokens 128] [--k 4] [--repeats 2] [--batch-limit N]
                                      [--draft-model DIR] [--gguf-activations int8]
@@ -46,21 +50,35 @@ KINDS = {
 }
 
 
-def single_streams(llm, prompts, params, repeats: int):
-    """(median ms per output token, token ids per prompt, tokens per verified step)."""
-    stats = llm.engine.stats
-    start = (stats.spec_drafts, stats.spec_accepted_tokens)
-    best, ids = {}, []
-    for _ in range(repeats):
-        ids = []
-        for i, text in enumerate(prompts):
-            t0 = time.perf_counter()
-            out = llm.chat([{"role": "user", "content": text}], params)[0].outputs[0]
-            ms = 1000 * (time.perf_counter() - t0) / max(len(out.token_ids), 1)
-            best[i] = min(best.get(i, float("inf")), ms)
-            ids.append(out.token_ids)
-    drafts, kept = stats.spec_drafts - start[0], stats.spec_accepted_tokens - start[1]
-    return statistics.median(best.values()), ids, (1 + kept / drafts) if drafts else 1.0
+class Side:
+    """One engine of the comparison and what it measured: per kind, each prompt's best ms per
+    output token and its token ids; the W2 runs' output tokens per second."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.best: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
+        self.ids: dict[str, dict[int, list[int]]] = {kind: {} for kind in KINDS}
+        self.verified = {kind: [0, 0] for kind in KINDS}  # drafts, kept
+        self.batch: list[float] = []
+
+    def stream(self, kind: str, i: int, params) -> None:
+        stats = self.llm.engine.stats
+        start = (stats.spec_drafts, stats.spec_accepted_tokens)
+        t0 = time.perf_counter()
+        out = self.llm.chat([{"role": "user", "content": KINDS[kind][i]}], params)[0].outputs[0]
+        ms = 1000 * (time.perf_counter() - t0) / max(len(out.token_ids), 1)
+        self.best[kind][i] = min(self.best[kind].get(i, float("inf")), ms)
+        self.ids[kind][i] = out.token_ids
+        self.verified[kind][0] += stats.spec_drafts - start[0]
+        self.verified[kind][1] += stats.spec_accepted_tokens - start[1]
+
+    def tpot(self, kind: str) -> float:
+        """the median over the kind's prompts of each one's best ms per output token"""
+        return statistics.median(self.best[kind].values())
+
+    def tokens_per_step(self, kind: str) -> float:
+        drafts, kept = self.verified[kind]
+        return (1 + kept / drafts) if drafts else 1.0
 
 
 def batch_throughput(llm, params) -> float:
@@ -77,7 +95,7 @@ def main() -> int:
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch-limit", type=int, default=None,
-                   help="disable_by_batch_size (default: pyserve's, 4; 0: none)")
+                   help="disable_by_batch_size (default: the config's; 0: none)")
     p.add_argument("--gguf-activations", choices=("float32", "int8"), default="float32")
     p.add_argument("--draft-model", default=None,
                    help="speculate with this draft model (a directory or .gguf with the default "
@@ -96,21 +114,32 @@ def main() -> int:
         spec["disable_by_batch_size"] = args.batch_limit or None
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     batch = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    results = {}
+    # Both engines stay up and take turns, prompt by prompt: this shared machine's speed
+    # drifts by tens of percent within minutes, which one engine's whole run and then the
+    # other's would read as a difference between them.
+    sides = {}
     for name, flags in (("plain", {}), (method, {"speculative_config": spec})):
         llm = LLM(None, max_model_len=2048, gguf_activations=args.gguf_activations, **flags)
         llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
-        results[name] = {kind: single_streams(llm, prompts, greedy, args.repeats)
-                         for kind, prompts in KINDS.items()}
-        results[name]["W2"] = batch_throughput(llm, batch)
-        llm.shutdown()
-        del llm
+        sides[name] = Side(llm)
+    for _ in range(args.repeats):
+        for kind, prompts in KINDS.items():
+            for i in range(len(prompts)):
+                for side in sides.values():
+                    side.stream(kind, i, greedy)
+        for side in sides.values():
+            side.batch.append(batch_throughput(side.llm, batch))
+    a, b = sides["plain"], sides[method]
     print(f"{'workload':<10} {'plain':>12} {method:>12} {'speedup':>8} {'tokens/step':>12} same tokens")
     for kind in KINDS:
-        (a, ids_a, _), (b, ids_b, length) = results["plain"][kind], results[method][kind]
-        print(f"{kind + ' TPOT':<10} {a:9.2f} ms {b:9.2f} ms {a / b:7.2f}x {length:12.2f} {ids_a == ids_b}")
-    a, b = results["plain"]["W2"], results[method]["W2"]
-    print(f"{'W2 tok/s':<10} {a:12.1f} {b:12.1f} {b / a:7.2f}x")
+        print(f"{kind + ' TPOT':<10} {a.tpot(kind):9.2f} ms {b.tpot(kind):9.2f} ms "
+              f"{a.tpot(kind) / b.tpot(kind):7.2f}x {b.tokens_per_step(kind):12.2f} {a.ids[kind] == b.ids[kind]}")
+        print("  per prompt: " + ", ".join(f"{a.best[kind][i] / b.best[kind][i]:.2f}x"
+                                           for i in range(len(KINDS[kind]))))
+    wa, wb = max(a.batch), max(b.batch)
+    print(f"{'W2 tok/s':<10} {wa:12.1f} {wb:12.1f} {wb / wa:7.2f}x   (best of {args.repeats})")
+    for side in sides.values():
+        side.llm.shutdown()
     return 0
 
 
