@@ -1,7 +1,9 @@
 """Prompt-lookup (n-gram) proposals for speculative decoding, as vLLM's "ngram" method: the
 request's last n tokens (n from prompt_lookup_max down to prompt_lookup_min) are looked up
 earlier in its prompt and output; the tokens that followed the most recent earlier match are
-proposed. Vectorised over the token history (numpy), no Python loop per token.
+proposed. Vectorised over the token history (numpy): one comparison pass finds the earlier
+places of the last token, then at most prompt_lookup_max - 1 gathers over those few extend
+each match backwards; no Python loop per token.
 
 Backoff: each request proposes up to its own lookahead, which next_lookahead moves after every
 verified step, so a request whose text does not repeat soon stops paying for rejected rows;
@@ -13,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 # the tokens looked up: the most recent ones, so a step's cost is bounded in long contexts
@@ -21,16 +22,26 @@ LOOKUP_WINDOW = 4096
 
 
 def propose(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to k tokens to propose after `tokens`; [] when no suffix n-gram recurs."""
+    """Up to k tokens to propose after `tokens`: what followed the most recent earlier
+    occurrence of the longest suffix of n tokens (max_n down to min_n) that occurred before,
+    ending before the last token (so at least one token follows it); [] when none did."""
     history = np.asarray(tokens[-LOOKUP_WINDOW:], dtype=np.int64)
     size = len(history)
+    if size < 2:
+        return []
+    # ends[i]: an earlier place of the last token; matched[i]: how many tokens of the suffix
+    # match backwards from it, up to max_n
+    ends = np.flatnonzero(history[: size - 1] == history[size - 1])
+    matched = np.ones(ends.size, dtype=np.int64)
+    for back in range(1, min(max_n, size - 1)):
+        at = ends - back
+        extends = (matched == back) & (at >= 0)
+        extends[extends] = history[at[extends]] == history[size - 1 - back]
+        matched += extends
     for n in range(min(max_n, size - 1), min_n - 1, -1):
-        # windows that start before the suffix and end before the last token, so that a
-        # match has at least one token after it
-        windows = sliding_window_view(history[: size - 1], n)
-        hits = np.flatnonzero((windows == history[size - n:]).all(axis=1))
+        hits = ends[matched >= n]
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             return history[start: start + k].tolist()
     return []
 

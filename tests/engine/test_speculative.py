@@ -35,6 +35,30 @@ def test_propose_takes_what_followed_the_most_recent_match():
     assert propose([7], 3, 1, 3) == []
 
 
+def _propose_by_definition(tokens, k, min_n, max_n):
+    for n in range(max_n, min_n - 1, -1):
+        if n > len(tokens) - 1:
+            continue
+        suffix = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - 1 - n, -1, -1):  # the most recent window first
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+def test_propose_equals_its_definition_on_random_histories():
+    """Small alphabets repeat often, so the longest-match and most-recent rules are exercised."""
+    import random
+
+    rng = random.Random(5)
+    for trial in range(3000):
+        tokens = [rng.randrange(1 + trial % 6) for _ in range(rng.randrange(0, 40))]
+        lo = rng.randrange(1, 4)
+        hi = rng.randrange(lo, 6)
+        k = rng.randrange(1, 6)
+        assert propose(tokens, k, lo, hi) == _propose_by_definition(tokens, k, lo, hi), (tokens, k, lo, hi)
+
+
 def test_verification_keeps_drafts_while_they_equal_the_argmax():
     assert accepted([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all kept, and the bonus token
     assert accepted([5, 9, 7, 8], [5, 6, 7]) == [5, 9]  # the first mismatch ends it
