@@ -4,12 +4,13 @@ quantized: greedy output token for token that of transformers loading the same f
 which transformers does not load, bitwise the converted float32 checkpoint's."""
 
 import logging
+import math
 
 import numpy as np
 import pytest
 import torch
 
-from pyserve import LLM, SamplingParams
+from pyserve import LLM, SamplingParams, _native
 
 from .reference import hf_greedy, load_hf
 
@@ -82,6 +83,28 @@ def test_k_quant_gguf_is_served_quantized_as_transformers_computes_it(mixed_gguf
     hf = load_hf(mixed_gguf.parent, gguf_file=mixed_gguf.name)
     for out in outputs:
         assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, 24), out.prompt
+
+
+@pytest.mark.skipif(not _native.int8_dot_supported(), reason="needs AVX2 or AVX-512 VNNI")
+def test_int8_activations_reach_every_kept_type(mixed_gguf):
+    """--gguf-activations int8 on the mixed file: every layer kept quantized (Q4_0, Q4_K, Q5_K,
+    Q6_K, the Q6_K LM head and the Q4_K embedding too) is marked for integer dot products, and
+    the widened ones stay float32. The kernels' arithmetic is tested exactly in
+    tests/kernels/test_kquant.py; a closeness bound on this tiny random model would say
+    little: its flat, small-hidden layers turn int8 rounding into logprob gaps from 0.04 to 1.2
+    (measured), as the order requests run in moves them."""
+    fast = LLM(str(mixed_gguf), gguf_activations="int8")
+    model = fast.engine.executor.runner.model
+    layers = model.model.layers
+    # Q6_K: layer 0's down_proj, layer 1's qkv_proj, the LM head; layer 2's qkv parts Q4_K,
+    # Q4_K and Q6_K; its o_proj was F16, widened at conversion: float32, exact
+    assert _type_of(layers[0].mlp.down_proj) == _type_of(model.lm_head) == "torch.int8"
+    assert _type_of(layers[1].self_attn.qkv_proj) == _type_of(model.model.embed_tokens) == "torch.int8"
+    assert _type_of(layers[2].self_attn.qkv_proj) == "torch.int8+torch.int8+torch.int8"
+    assert layers[2].self_attn.o_proj.packed.dtype == torch.float32
+    out = fast.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=4, logprobs=1, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 4 for o in out)
+    assert all(math.isfinite(lp.logprob) for o in out for step in o.outputs[0].logprobs for lp in step.values())
 
 
 def test_q5_0_gguf_computes_bitwise_as_its_float32_conversion(tmp_path):
