@@ -8,12 +8,12 @@
 // exponentials a vector at a time, then the value rows into register accumulators); others
 // take the plain loop, which is also the specification of both.
 //
-// A prefill chunk's rows (more than 17: kRowwiseMaxRows; with AVX-512, blocks of a multiple of
-// 16 tokens and G <= 16) go
-// 16 query heads at a time (16 / G rows): the heads are transposed once into [D][16], so one
-// key's 16 scores are D FMAs, each broadcasting one element of the key, with no horizontal
-// sums, and the online softmax runs on 16 heads at once. The one-row path spends a
-// horizontal sum per key and head, which held prefill attention to a fifth of the FMA peak.
+// A prefill chunk's rows (more than kRowwiseMaxRows = 17; with AVX-512, blocks of a multiple
+// of 16 tokens and G <= 16) go 16 query heads at a time (16 / G rows): the heads are
+// transposed once into [D][16], so one key's 16 scores are D FMAs, each broadcasting one
+// element of the key, with no horizontal sums, and the online softmax runs on 16 heads at
+// once. The one-row path spends a horizontal sum per key and head, which held prefill
+// attention to a fifth of the FMA peak.
 //
 // Sliding windows and softcapping (Gemma 2/3, Mistral): with window > 0 a query at position p
 // sees keys (p - window, p], so every path walks keys [begin, end) of its row, begin =
