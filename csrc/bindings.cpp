@@ -168,31 +168,52 @@ PYBIND11_MODULE(_C, m) {
   m.def("int8_dot_supported", &pyserve::cpu::int8_dot_supported);
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
-  py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")
-      .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, double eps, at::Tensor qkv,
-                       int64_t qkv_out, std::optional<at::Tensor> qkv_bias, at::Tensor o_proj,
-                       at::Tensor gate_up, int64_t gate_up_out, at::Tensor down, std::array<int64_t, 4> max_rows, int64_t num_heads,
-                       int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale,
-                       std::array<std::optional<at::Tensor>, 4> gemm_weights) {
-             using pyserve::cpu::PackedLinear;
-             const int64_t hidden = input_norm.numel();
-             return pyserve::cpu::LlamaLayer(
-                 input_norm, post_norm, eps,
-                 PackedLinear{qkv, qkv_out, qkv_bias, max_rows[0], gemm_weights[0]},
-                 PackedLinear{o_proj, hidden, std::nullopt, max_rows[1], gemm_weights[1]},
-                 PackedLinear{gate_up, gate_up_out, std::nullopt, max_rows[2], gemm_weights[2]},
-                 PackedLinear{down, hidden, std::nullopt, max_rows[3], gemm_weights[3]}, num_heads,
-                 num_kv_heads, head_dim, cos_sin, scale);
+  py::class_<pyserve::cpu::PackedLinear>(m, "PackedLinear")
+      .def(py::init([](std::vector<std::tuple<at::Tensor, int64_t, int64_t>> parts,
+                       std::optional<at::Tensor> bias, int64_t max_rows,
+                       std::optional<at::Tensor> gemm_weight) {
+             pyserve::cpu::PackedLinear linear{{}, 0, std::move(bias), max_rows, std::move(gemm_weight)};
+             for (auto& [packed, rows, part_max_rows] : parts) {
+               linear.parts.push_back({packed, rows, part_max_rows});
+               linear.out_features += rows;
+             }
+             TORCH_CHECK(!linear.parts.empty(), "PackedLinear: no packed weight");
+             return linear;
            }),
+           py::arg("parts"), py::arg("bias"), py::arg("max_rows"), py::arg("gemm_weight"));
+  py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")
+      .def(py::init<at::Tensor, at::Tensor, double, pyserve::cpu::PackedLinear,
+                    pyserve::cpu::PackedLinear, pyserve::cpu::PackedLinear,
+                    pyserve::cpu::PackedLinear, int64_t, int64_t, int64_t, at::Tensor, double>(),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),
-           py::arg("qkv_out"), py::arg("qkv_bias"), py::arg("o_proj"), py::arg("gate_up"),
-           py::arg("gate_up_out"), py::arg("down"), py::arg("max_rows"), py::arg("num_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"),
-           py::arg("gemm_weights") = std::array<std::optional<at::Tensor>, 4>{})
+           py::arg("o_proj"), py::arg("gate_up"), py::arg("down"), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"))
       .def("forward", &pyserve::cpu::LlamaLayer::forward, py::arg("positions"), py::arg("hidden"),
            py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());
+  py::class_<pyserve::cpu::GemmaLayer>(m, "GemmaLayer")
+      .def(py::init([](std::array<at::Tensor, 4> norms, std::optional<at::Tensor> q_norm,
+                       std::optional<at::Tensor> k_norm, double eps, pyserve::cpu::PackedLinear qkv,
+                       pyserve::cpu::PackedLinear o_proj, pyserve::cpu::PackedLinear gate_up,
+                       pyserve::cpu::PackedLinear down, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_dim, at::Tensor cos_sin, double scale, int64_t window,
+                       double softcap, int64_t kv_group) {
+             return pyserve::cpu::GemmaLayer(
+                 pyserve::cpu::GemmaNorms{norms[0], norms[1], norms[2], norms[3], q_norm, k_norm, eps},
+                 qkv, o_proj, gate_up, down, num_heads, num_kv_heads, head_dim, cos_sin, scale,
+                 window, softcap, kv_group);
+           }),
+           py::arg("norms"), py::arg("q_norm"), py::arg("k_norm"), py::arg("eps"), py::arg("qkv"),
+           py::arg("o_proj"), py::arg("gate_up"), py::arg("down"), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"),
+           py::arg("window"), py::arg("softcap"), py::arg("kv_group"));
+  py::class_<pyserve::cpu::GemmaStack>(m, "GemmaStack")
+      .def(py::init<std::vector<pyserve::cpu::GemmaLayer>, std::vector<at::Tensor>, std::vector<at::Tensor>>(),
+           py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"))
+      .def("forward", &pyserve::cpu::GemmaStack::forward, py::arg("positions"), py::arg("hidden"),
+           py::arg("slot_mappings"), py::arg("block_tables"), py::arg("query_start_loc"),
+           py::arg("seq_lens"), py::call_guard<py::gil_scoped_release>());
   py::class_<pyserve::cpu::LlamaStack>(m, "LlamaStack")
       .def(py::init<std::vector<pyserve::cpu::LlamaLayer>, std::vector<at::Tensor>, std::vector<at::Tensor>>(),
            py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"))

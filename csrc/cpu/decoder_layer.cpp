@@ -5,16 +5,27 @@
 namespace pyserve::cpu {
 
 at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
-  if (x.size(0) <= max_rows) {
-    at::Tensor out = at::empty({x.size(0), out_features}, x.options());
-    packed_linear(out, x.contiguous(), packed, bias);
-    return out;
-  }
-  if (gemm_weight.has_value()) {
+  if (gemm_weight.has_value() && x.size(0) > max_rows) {
     at::Tensor out = at::linear(x.to(at::kBFloat16), *gemm_weight).to(at::kFloat);
     return bias.has_value() ? out.add_(*bias) : out;
   }
-  return at::linear(x, unpack_linear_weight(packed, out_features), bias);
+  const at::Tensor input = x.contiguous();
+  std::vector<at::Tensor> outs;
+  int64_t start = 0;
+  for (const PackedPart& part : parts) {
+    std::optional<at::Tensor> part_bias;
+    if (bias.has_value())
+      part_bias = parts.size() == 1 ? *bias : bias->narrow(0, start, part.rows);
+    if (input.size(0) <= part.max_rows) {
+      at::Tensor out = at::empty({input.size(0), part.rows}, input.options());
+      packed_linear(out, input, part.packed, part_bias);
+      outs.push_back(std::move(out));
+    } else {
+      outs.push_back(at::linear(input, unpack_linear_weight(part.packed, part.rows), part_bias));
+    }
+    start += part.rows;
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
 }
 
 LlamaLayer::LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, PackedLinear qkv,
@@ -84,6 +95,78 @@ std::tuple<at::Tensor, at::Tensor> LlamaStack::forward(
     residual = res;
   }
   return {hidden, res};
+}
+
+GemmaLayer::GemmaLayer(GemmaNorms norms, PackedLinear qkv, PackedLinear o_proj,
+                       PackedLinear gate_up, PackedLinear down, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale,
+                       int64_t window, double softcap, int64_t kv_group)
+    : norms_(std::move(norms)), qkv_(std::move(qkv)), o_proj_(std::move(o_proj)),
+      gate_up_(std::move(gate_up)), down_(std::move(down)), num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads), head_dim_(head_dim), cos_sin_(std::move(cos_sin)),
+      scale_(scale), window_(window), softcap_(softcap), kv_group_(kv_group) {
+  TORCH_CHECK(qkv_.out_features == (num_heads + 2 * num_kv_heads) * head_dim,
+              "GemmaLayer: qkv_proj has ", qkv_.out_features, " outputs for ", num_heads, " + 2 x ",
+              num_kv_heads, " heads of ", head_dim);
+  TORCH_CHECK(norms_.q.has_value() == norms_.k.has_value(), "GemmaLayer: a q norm without a k norm");
+}
+
+at::Tensor GemmaLayer::normed(const at::Tensor& x, const at::Tensor& weight) const {
+  // GemmaRMSNorm.forward in float32: the native norm of the contiguous rows
+  const at::Tensor input = x.contiguous();
+  at::Tensor out = at::empty_like(input);
+  rms_norm(out, input, weight, norms_.eps);
+  return out;
+}
+
+at::Tensor GemmaLayer::forward(const at::Tensor& positions, const at::Tensor& hidden,
+                               at::Tensor& key_cache, at::Tensor& value_cache,
+                               const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                               const at::Tensor& query_start_loc, const at::Tensor& seq_lens) const {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.scalar_type() == at::kFloat,
+              "GemmaLayer: hidden must be contiguous float32 [T, hidden_size]");
+  const int64_t T = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const at::Tensor qkv = qkv_(normed(hidden, norms_.input));
+  at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
+  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  if (norms_.q.has_value()) {
+    q = normed(q, *norms_.q);
+    k = normed(k, *norms_.k);
+  }
+  rotary_embedding(positions, q, k, head_dim_, cos_sin_, /*is_neox=*/true);
+  reshape_and_cache(k, v, key_cache, value_cache, slot_mapping);
+  at::Tensor attn = at::empty_like(q);
+  paged_attention(attn, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_,
+                  window_, softcap_);
+  const at::Tensor residual = hidden + normed(o_proj_(attn.view({T, q_size})), norms_.post_attention);
+  const at::Tensor gate_up = gate_up_(normed(residual, norms_.pre_feedforward));
+  const int64_t d = gate_up.size(1) / 2;
+  // activation.py's gelu_tanh_and_mul, op for op
+  const at::Tensor act = at::gelu(gate_up.narrow(1, 0, d), "tanh") * gate_up.narrow(1, d, d);
+  return residual + normed(down_(act), norms_.post_feedforward);
+}
+
+GemmaStack::GemmaStack(std::vector<GemmaLayer> layers, std::vector<at::Tensor> key_caches,
+                       std::vector<at::Tensor> value_caches)
+    : layers_(std::move(layers)), key_caches_(std::move(key_caches)), value_caches_(std::move(value_caches)) {
+  TORCH_CHECK(!layers_.empty() && key_caches_.size() == layers_.size() && value_caches_.size() == layers_.size(),
+              "GemmaStack: ", layers_.size(), " layers, ", key_caches_.size(), " key and ",
+              value_caches_.size(), " value caches");
+}
+
+at::Tensor GemmaStack::forward(const at::Tensor& positions, at::Tensor hidden,
+                               const at::Tensor& slot_mappings, const at::Tensor& block_tables,
+                               const at::Tensor& query_start_loc, const at::Tensor& seq_lens) const {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t group = layers_[i].kv_group();
+    TORCH_CHECK(group < slot_mappings.size(0) && group < block_tables.size(0), "GemmaStack: layer ", i,
+                " is in KV group ", group, " but the step has ", block_tables.size(0), " groups' tables");
+    at::Tensor key_cache = key_caches_[i], value_cache = value_caches_[i];
+    hidden = layers_[i].forward(positions, hidden, key_cache, value_cache, slot_mappings.select(0, group),
+                                block_tables.select(0, group), query_start_loc, seq_lens);
+  }
+  return hidden;
 }
 
 }  // namespace pyserve::cpu

@@ -1,9 +1,10 @@
-// One Llama-family decoder layer on the CPU in a single call: the kernels of
-// pyserve/model/models/llama.py's LlamaDecoderLayer.forward, in the same order on the same
-// buffers (so the results are bitwise the Python path's), without its ~25 Python and pybind11
-// round trips per layer, which cost about 2 ms of a 10 ms SmolLM2 decode step.
-// For one rank (no tensor parallelism), float32 activations, weights from pack_linear_weight or
-// pack_gguf_weight, and no q/k norm; the Python path serves every other case.
+// One decoder layer on the CPU in a single call: the kernels of the Python layer's forward
+// (pyserve/model/models/llama.py's LlamaDecoderLayer, gemma.py's GemmaDecoderLayer), in the
+// same order on the same buffers (so the results are bitwise the Python path's), without its
+// 25 to 40 Python and pybind11 round trips per layer, which cost about 2 ms of a 10 ms SmolLM2
+// decode step and 4 ms of a 19 ms Gemma 3 270M one.
+// For one rank (no tensor parallelism), float32 activations and weights from
+// pack_linear_weight or pack_gguf_weight; the Python path serves every other case.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,16 +15,25 @@
 
 namespace pyserve::cpu {
 
+// One packed weight of a linear layer: the layer's whole weight, or one part of a merged
+// layer whose GGUF parts differ in type (q and k in Q5_0, v in Q8_0), each part's output
+// columns computed by its own kernel.
+struct PackedPart {
+  at::Tensor packed;
+  int64_t rows;      // output columns
+  int64_t max_rows;  // more rows than this: BLAS on the widened weight
+};
+
 // A linear layer as apply_linear (pyserve/model/layers/linear.py) runs it: the packed kernel
 // up to max_rows rows (packed_max_rows there, by the weight's format), else BLAS on the
-// widened weight.
+// widened weight; a layer of several parts as its _apply_parts, the parts concatenated.
 struct PackedLinear {
-  at::Tensor packed;
+  std::vector<PackedPart> parts;
   int64_t out_features;
   std::optional<at::Tensor> bias;
-  int64_t max_rows;  // more rows than this: a GEMM (BLAS, or bfloat16 on gemm_weight)
+  int64_t max_rows;  // more rows than this with a gemm_weight: one bfloat16 GEMM
   // bfloat16 [out_features, K]: above max_rows x is rounded to bfloat16 for one GEMM on it,
-  // as layers/linear.py's bf16_linear does (--dtype bfloat16 with AMX)
+  // as layers/linear.py's bf16_linear does (--dtype bfloat16 with AMX or AVX-512 BF16)
   std::optional<at::Tensor> gemm_weight;
   at::Tensor operator()(const at::Tensor& x) const;
 };
@@ -72,6 +82,60 @@ class LlamaStack {
 
  private:
   std::vector<LlamaLayer> layers_;
+  std::vector<at::Tensor> key_caches_, value_caches_;
+};
+
+// One Gemma 2 / Gemma 3 decoder layer (GemmaDecoderLayer.forward): (1 + w) RMSNorms before
+// and after each sublayer (the weights given as 1 + w), optional q/k norms (Gemma 3), a
+// sliding window or none, Gemma 2's attention softcap, and a GELU-tanh gated MLP, computed by
+// the same ATen ops as the Python path so that it is bitwise the same.
+struct GemmaNorms {
+  at::Tensor input, post_attention, pre_feedforward, post_feedforward;
+  std::optional<at::Tensor> q, k;  // per head, Gemma 3 only
+  double eps;
+};
+
+class GemmaLayer {
+ public:
+  GemmaLayer(GemmaNorms norms, PackedLinear qkv, PackedLinear o_proj, PackedLinear gate_up,
+             PackedLinear down, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+             at::Tensor cos_sin, double scale, int64_t window, double softcap, int64_t kv_group);
+
+  // -> the residual stream after the layer (a new tensor)
+  at::Tensor forward(const at::Tensor& positions, const at::Tensor& hidden, at::Tensor& key_cache,
+                     at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                     const at::Tensor& seq_lens) const;
+
+  int64_t kv_group() const { return kv_group_; }
+
+ private:
+  at::Tensor normed(const at::Tensor& x, const at::Tensor& weight) const;
+
+  GemmaNorms norms_;
+  PackedLinear qkv_, o_proj_, gate_up_, down_;
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  at::Tensor cos_sin_;
+  double scale_;
+  int64_t window_;  // 0: global attention
+  double softcap_;  // 0: none
+  int64_t kv_group_;  // which of the hybrid KV layout's groups holds this layer's cache
+};
+
+// GemmaLayers with their caches as one call a step (LlamaStack's reason). Local and global
+// layers live in different KV groups: slot_mappings [groups, T] and block_tables [groups,
+// num_seqs, max_blocks] hold every group's (one group: the step's own, unsqueezed).
+class GemmaStack {
+ public:
+  GemmaStack(std::vector<GemmaLayer> layers, std::vector<at::Tensor> key_caches,
+             std::vector<at::Tensor> value_caches);
+
+  at::Tensor forward(const at::Tensor& positions, at::Tensor hidden, const at::Tensor& slot_mappings,
+                     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                     const at::Tensor& seq_lens) const;
+
+ private:
+  std::vector<GemmaLayer> layers_;
   std::vector<at::Tensor> key_caches_, value_caches_;
 };
 

@@ -1,7 +1,8 @@
 """The decoder layers' native path (csrc/cpu/decoder_layer.cpp: each layer one call, and the
 whole stack of them one call a step) against the layers' Python path: the same kernels in the
 same order, so bitwise the same logprobs, for decode steps and for a prefill long enough to
-take the BLAS branch of the linear layers."""
+take the BLAS branch of the linear layers; for the Llama family, Gemma 2 and 3 (local and
+global layers in two KV groups), and a K-quant GGUF whose merged qkv is packed per part."""
 
 import pytest
 
@@ -28,6 +29,38 @@ def test_native_layer_equals_python_layer(tiny_model_factory, arch):
         layer.native = None
     assert _run(llm, prompts) == native
     assert decoder.native_stack(llm.engine.executor.runner.kv_caches) is None
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])  # gemma3: q/k norms; gemma2: softcaps
+def test_native_gemma_stack_equals_python_layers(tiny_model_factory, arch):
+    llm = LLM(str(tiny_model_factory(arch)), max_num_batched_tokens=512, kv_cache_memory="64MiB")
+    runner = llm.engine.executor.runner
+    decoder = runner.model.model
+    assert llm.engine.kv.num_groups > 1  # the sliding layers' tables are not the global ones'
+    # longer than the 8-token windows, and than the packed kernels' rows
+    prompts = [list(range(3, 3 + PACKED_MAX_ROWS + 40)), [5, 6, 7], list(range(10, 50))]
+    native = _run(llm, prompts)
+    assert decoder.native_stack(runner.kv_caches) is not None  # the stack ran
+    for layer in decoder.own_layers:
+        layer.native_layer = None
+    assert _run(llm, prompts) == native
+    assert decoder.native_stack(runner.kv_caches) is None
+
+
+def test_native_stack_takes_a_merged_layer_packed_per_part(tmp_path):
+    from make_tiny_gguf import make_tiny_gguf
+
+    llm = LLM(str(make_tiny_gguf(tmp_path / "tiny-mixed.gguf", "mixed")), download_dir=str(tmp_path))
+    runner = llm.engine.executor.runner
+    layers = runner.model.model.layers
+    assert layers[2].self_attn.qkv_proj.packed_parts is not None  # q, k in Q4_K, v in Q6_K
+    assert all(layer.native is not None for layer in layers)
+    prompts = [list(range(3, 3 + PACKED_MAX_ROWS + 40)), [5, 6, 7]]
+    native = _run(llm, prompts)
+    assert runner.model.model.native_stack(runner.kv_caches) is not None
+    for layer in layers:
+        layer.native = None
+    assert _run(llm, prompts) == native
 
 
 def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory):

@@ -140,6 +140,18 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
 
 
+def native_linear(layer: nn.Module):
+    """The layer as the native decoder layers run it (_native.PackedLinear: apply_linear's
+    rules, in csrc/cpu/decoder_layer.h), or None where pack_for_cpu did not pack it."""
+    if layer.packed is not None:
+        parts = [(layer.packed, layer.out_features, layer.max_packed_rows)]
+    elif getattr(layer, "packed_parts", None) is not None:
+        parts = [(packed, rows, packed_max_rows(packed)) for packed, rows in layer.packed_parts]
+    else:
+        return None
+    return _native.PackedLinear(parts, layer.bias, layer.max_packed_rows, layer.gemm_weight)
+
+
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x · weightᵀ (+ bias) with x rounded to bfloat16 for a bfloat16 GEMM (float32
     accumulation inside; the output comes back rounded to bfloat16, as vLLM's bfloat16 GEMMs

@@ -56,8 +56,11 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.frozen_scale if self.frozen_scale is not None else 1.0 + self.weight.float()
-        if x.dtype == torch.float32 and x.is_contiguous():
-            out = torch.empty_like(x)  # float32: the native order is transformers' order
+        if x.dtype == torch.float32:
+            # float32: the native order is transformers' order; q and k (views of the qkv
+            # output) are copied contiguous first, as the native decoder layer does
+            x = x.contiguous()
+            out = torch.empty_like(x)
             _native.rms_norm(out, x, scale, self.eps)
             return out
         xf = x.float()

@@ -20,10 +20,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pyserve import _native
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import gelu_tanh_and_mul
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.layers.embedding import VocabParallelEmbedding
+from pyserve.model.layers.linear import native_linear
 from pyserve.model.layers.norm import GemmaRMSNorm
 from pyserve.model.layers.parallel import WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -63,6 +65,33 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
         self.mlp = gemma_mlp(arch, dtype, tp)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
+        self.tp = tp
+        # kv_group -> the whole layer as one native call (make_native); the group, which
+        # names the block tables of the layer's cache, is known once the caches are
+        self.native_layer = None
+
+    def make_native(self) -> None:
+        """As LlamaDecoderLayer.make_native: one native call (_native.GemmaLayer, the same
+        ops in the same order) where the layer has one rank, packed weights and no bias
+        outside qkv. Called after weights_loaded, so the norms' 1 + w are known."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                              mlp.down_proj)]
+        norms = [self.input_layernorm, self.post_attention_layernorm,
+                 self.pre_feedforward_layernorm, self.post_feedforward_layernorm]
+        if attn.q_norm is not None:
+            norms += [attn.q_norm, attn.k_norm]
+        if (self.tp.size != 1 or None in linears
+                or any(n.frozen_scale is None or n.eps != norms[0].eps for n in norms)
+                or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
+            return
+        self.native_layer = lambda kv_group: _native.GemmaLayer(
+            [n.frozen_scale for n in norms[:4]],
+            attn.q_norm.frozen_scale if attn.q_norm is not None else None,
+            attn.k_norm.frozen_scale if attn.k_norm is not None else None,
+            norms[0].eps, *linears, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            attn.rotary.cos_sin, attn.attn.scale, attn.attn.window or 0, attn.attn.softcap or 0.0,
+            kv_group)
 
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
         """hidden: the residual stream [T, hidden_size] -> the next layer's."""
@@ -96,6 +125,22 @@ class GemmaModel(nn.Module):
         self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
         if stage.is_last:
             self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
+        self._stack = None  # (caches, layers' native calls, the stack or None): native_stack
+
+    def native_stack(self, kv_caches: list[KVCache]):
+        """This stage's layers as one native call on these caches (_native.GemmaStack), or
+        None where a layer is not native. Built on the first step (the caches, and so each
+        layer's KV group, come after the weights), again if the caches or a layer change."""
+        natives = [layer.native_layer for layer in self.own_layers]
+        if (self._stack is None or self._stack[0] is not kv_caches
+                or any(a is not b for a, b in zip(self._stack[1], natives))):
+            stack = None
+            if natives and len(kv_caches) == len(natives) and None not in natives:
+                stack = _native.GemmaStack(
+                    [make(getattr(cache, "group", 0)) for make, cache in zip(natives, kv_caches)],
+                    [cache[0] for cache in kv_caches], [cache[1] for cache in kv_caches])
+            self._stack = (kv_caches, natives, stack)
+        return self._stack[2]
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
                 carried: tuple[torch.Tensor, ...] | None = None):
@@ -105,8 +150,17 @@ class GemmaModel(nn.Module):
             hidden = self.embed_tokens(input_ids) * self.normalizer
         else:
             (hidden,) = carried
-        for layer, kv_cache in zip(self.own_layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta)
+        stack = self.native_stack(kv_caches)
+        if stack is not None:
+            if meta.group_block_tables is None:  # one KV group
+                slots, tables = meta.slot_mapping.unsqueeze(0), meta.block_tables.unsqueeze(0)
+            else:
+                slots, tables = meta.group_slot_mapping, meta.group_block_tables
+            hidden = stack.forward(positions, hidden, slots, tables, meta.query_start_loc,
+                                   meta.seq_lens)
+        else:
+            for layer, kv_cache in zip(self.own_layers, kv_caches):
+                hidden = layer(positions, hidden, kv_cache, meta)
         return self.norm(hidden) if self.stage.is_last else (hidden,)
 
 

@@ -18,7 +18,8 @@ from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
+                                         native_linear)
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -98,19 +99,16 @@ class LlamaDecoderLayer(nn.Module):
         without the Python between them) where it can: one rank, packed weights on the CPU,
         no q/k norm, biases on qkv only, no sliding window."""
         attn, mlp = self.self_attn, self.mlp
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                              mlp.down_proj)]
         if (self.tp.size != 1 or attn.q_norm is not None or attn.attn.window is not None
-                or any(l.packed is None for l in linears)
-                or any(l.bias is not None for l in linears[1:])):
+                or None in linears
+                or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
             return
         self.native = _native.LlamaLayer(
             self.input_layernorm.weight, self.post_attention_layernorm.weight,
-            self.input_layernorm.eps, attn.qkv_proj.packed, attn.qkv_proj.out_features,
-            attn.qkv_proj.bias, attn.o_proj.packed, mlp.gate_up_proj.packed,
-            mlp.gate_up_proj.out_features, mlp.down_proj.packed,
-            [l.max_packed_rows for l in linears], attn.num_heads,
-            attn.num_kv_heads, attn.head_dim, attn.rotary.cos_sin, attn.attn.scale,
-            [l.gemm_weight for l in linears])
+            self.input_layernorm.eps, *linears, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            attn.rotary.cos_sin, attn.attn.scale)
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
         if self.native is not None:
