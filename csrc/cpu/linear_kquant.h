@@ -139,6 +139,37 @@ inline ivec high_bits(const uint8_t* words, int u) {
   if constexpr (B >= 4) return iand(srli<B - 4>(w), iset1(Mask));
   else return iand(slli<4 - B>(w), iset1(Mask));
 }
+#if PYSERVE_VEC == 16
+// AVX-512 readers look the weight up in a table of floats instead of masking and converting
+// its integer: vpermps reads only the low 4 bits of each index lane and vpermt2ps the low 5,
+// so an index needs no mask, and a 5-bit one takes its fifth bit with one vpternlogd. 6 vector
+// ops a weight vector for Q5_0 where masking, or-ing, subtracting and converting took 9; the
+// values are the same floats, so the weights are bitwise the same.
+// The q of columns kLanes·u at k = KK in bits 0 .. 3, other nibbles' bits above them.
+template <int KK>
+inline ivec nibbles_unmasked(const uint8_t* base, int u) {
+  constexpr int kShift = 8 * (KK % 4) + (KK % kGroup < 16 ? 0 : 4);
+  return srli<kShift>(iload(base + (KK % 16) / 4 * 64 + (u * kLanes / 16) * 256 + (u * kLanes % 16) * 4));
+}
+// bits 0 .. 3 of nibble, bit 4 of fifth (B: where fifth's word holds it), the rest either's
+template <int B>
+inline ivec with_fifth_bit(ivec nibble, const uint8_t* words, int u) {
+  const ivec w = iload(words + u * kLanes * 4);
+  ivec fifth;
+  if constexpr (B >= 4) fifth = srli<B - 4>(w);
+  else fifth = slli<4 - B>(w);
+  // 0xD8: c ? b : a bit by bit, c the mask of bit 4
+  return _mm512_ternarylogic_epi32(nibble, fifth, _mm512_set1_epi32(16), 0xD8);
+}
+// table[index & 15]; (index & 16 ? high : low)[index & 15]
+inline vec lookup16(ivec index, vec table) { return _mm512_permutexvar_ps(index, table); }
+inline vec lookup32(ivec index, vec low, vec high) { return _mm512_permutex2var_ps(low, index, high); }
+// the floats first, first + 1, ..., first + 15
+inline vec counting_from(float first) {
+  return _mm512_add_ps(_mm512_set1_ps(first),
+                       _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+#endif
 }  // namespace v
 #endif
 
@@ -165,8 +196,13 @@ struct Q4_0Format {
     // make gguf's -0
     template <int KK>
     void row(simd::vec* w) const {
+#if PYSERVE_VEC == 16
+      const simd::vec centred = v::counting_from(-8.f);  // q - 8 for q = 0 .. 15
+      for (int u = 0; u < v::kVecs; ++u) w[u] = simd::mul(d[u], v::lookup16(v::nibbles_unmasked<KK>(q, u), centred));
+#else
       for (int u = 0; u < v::kVecs; ++u)
         w[u] = simd::mul(d[u], v::to_float(v::isub(v::nibbles<KK>(q, u), v::iset1(8))));
+#endif
     }
   };
 #endif
@@ -205,10 +241,18 @@ struct Q5_0Format {
     }
     template <int KK>
     void row(simd::vec* w) const {
+#if PYSERVE_VEC == 16
+      const simd::vec low = v::counting_from(-16.f), upper = v::counting_from(0.f);  // q - 16
+      for (int u = 0; u < v::kVecs; ++u) {
+        const auto index = v::with_fifth_bit<fifth_bit_position(KK % kGroup)>(v::nibbles_unmasked<KK>(q, u), high, u);
+        w[u] = simd::mul(d[u], v::lookup32(index, low, upper));
+      }
+#else
       for (int u = 0; u < v::kVecs; ++u) {
         const auto ints = v::ior(v::nibbles<KK>(q, u), v::high_bits<fifth_bit_position(KK % kGroup), 16>(high, u));
         w[u] = simd::mul(d[u], v::to_float(v::isub(ints, v::iset1(16))));
       }
+#endif
     }
   };
 #endif
@@ -275,11 +319,24 @@ struct QK45Format {
     }
     template <int KK>
     void row(simd::vec* w) const {
+#if PYSERVE_VEC == 16
+      const simd::vec low = v::counting_from(0.f), upper = v::counting_from(16.f);
+      for (int u = 0; u < v::kVecs; ++u) {
+        const auto nibble = v::nibbles_unmasked<KK>(q, u);
+        simd::vec qf;
+        if constexpr (kFifthBit)
+          qf = v::lookup32(v::with_fifth_bit<fifth_bit_position(KK % kGroup)>(nibble, high, u), low, upper);
+        else
+          qf = v::lookup16(nibble, low);
+        w[u] = simd::fma(dsc[u], qf, neg_dm[u]);
+      }
+#else
       for (int u = 0; u < v::kVecs; ++u) {
         auto ints = v::nibbles<KK>(q, u);
         if constexpr (kFifthBit) ints = v::ior(ints, v::high_bits<fifth_bit_position(KK % kGroup), 16>(high, u));
         w[u] = simd::fma(dsc[u], v::to_float(ints), neg_dm[u]);
       }
+#endif
     }
   };
 #endif
