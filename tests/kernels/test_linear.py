@@ -79,6 +79,27 @@ def test_packed_embedding_looks_up_and_scores_like_the_table():
     torch.testing.assert_close(table.logits(hidden, 100), expected_logits, atol=1e-5, rtol=1e-5)
 
 
+def test_packed_lm_head_writes_decode_logits_into_one_reused_buffer():
+    """A decode step's logits go into a buffer the layer keeps (no fresh 16 MB a step for
+    Gemma's vocabulary), bitwise what a fresh tensor gets; many rows allocate their own."""
+    from pyserve.model.layers.embedding import REUSED_LOGITS_ROWS
+
+    table = VocabParallelEmbedding(100, 24, torch.float32)
+    table.weight.data = torch.randn(100, 24)
+    pack_for_cpu(table)
+    gen = torch.Generator().manual_seed(0)
+    first = table.logits(torch.randn(16, 24, generator=gen), 100)
+    buffer = first.data_ptr()
+    for rows in (16, 3, 16):
+        hidden = torch.randn(rows, 24, generator=gen)
+        fresh = torch.empty(rows, table.out_features)
+        _native.packed_linear(fresh, hidden, table.packed, None)
+        logits = table.logits(hidden, 100)
+        assert logits.data_ptr() == buffer and torch.equal(logits, fresh[:, :100])
+    many = table.logits(torch.randn(REUSED_LOGITS_ROWS + 1, 24, generator=gen), 100)
+    assert many.data_ptr() != buffer
+
+
 def _random_gguf_blocks(kind: str, n: int, k: int, seed: int) -> np.ndarray:
     """Raw GGUF blocks [n, k / 32 * block bytes] with sane float16 scales and random quants."""
     rng = np.random.default_rng(seed)

@@ -122,9 +122,11 @@ def _pack(layer: nn.Module, int8_activations: bool) -> None:
     layer.weight.data = weight.new_empty(0, weight.shape[1])
 
 
-def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = None) -> torch.Tensor:
+def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] · layer's weight [N, K]ᵀ + bias, in x's dtype (float32 on the CPU, whose
-    weights may be stored as bfloat16: half the bytes to read)."""
+    weights may be stored as bfloat16: half the bytes to read). out: a contiguous [M, N]
+    float32 tensor for the packed kernel to write into (other paths allocate theirs)."""
     gemm = getattr(layer, "gemm_weight", None)
     if gemm is not None and x.shape[0] > layer.max_packed_rows:
         return bf16_linear(x, gemm, bias)
@@ -134,7 +136,8 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
             return _apply_parts(x, layer.packed_parts, bias)
         return F.linear(x, layer.weight.to(x.dtype), bias)
     if x.shape[0] <= layer.max_packed_rows:
-        out = x.new_empty(x.shape[0], layer.out_features)
+        if out is None:
+            out = x.new_empty(x.shape[0], layer.out_features)
         _native.packed_linear(out, x.contiguous(), packed, bias)
         return out
     return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
