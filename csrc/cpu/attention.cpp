@@ -425,12 +425,13 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   // Items are taken largest first from a shared counter: causal rows differ in cost by up to
   // the chunk length, so fixed halves would leave a core idle.
   // An item takes query heads [head0, head0 + heads) of its KV head's group: all G of them,
-  // unless the batch has fewer items than threads (a decode row of a model with one KV head,
-  // Gemma 3 270M's), when each one-row item is split into as few runs of heads as give every
-  // thread one: each run reads the keys and values again, so the fewer the better (Gemma 3
-  // 270M at 384 keys, one row: 36 us a layer whole, 35 in four single heads on two cores, 65
-  // in four on one). Each head's scores, softmax and sums are its own, in the same order
-  // either way: the split changes no bit of the output.
+  // unless the batch has too few items to share evenly among the threads (fewer than two
+  // each, and not a multiple of them: a decode row of a model with one KV head, Gemma 3
+  // 270M's, or three, SmolLM2's, which went 2 : 1 over two cores), when each one-row item is
+  // split into one run of heads per thread. Each run reads the keys and values again, so no
+  // more runs than that (Gemma 3 270M at 384 keys, one row: 36 us a layer whole, 24 in two
+  // runs, 35 in four single heads on two cores). Each head's scores, softmax and sums are its
+  // own, in the same order either way: the split changes no bit of the output.
   struct Item {
     int64_t cost;
     int32_t seq, row0, rows, kv_head, head0, heads;
@@ -451,9 +452,9 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
                          static_cast<int32_t>(group)});
     }
   }
-  const int64_t threads = at::get_num_threads();
-  if (group > 1 && !items.empty() && static_cast<int64_t>(items.size()) < threads) {
-    const int64_t runs = std::min<int64_t>(group, (threads + items.size() - 1) / items.size());
+  const int64_t threads = at::get_num_threads(), num_whole = static_cast<int64_t>(items.size());
+  if (group > 1 && num_whole > 0 && num_whole < 2 * threads && num_whole % threads != 0) {
+    const int64_t runs = std::min<int64_t>(group, threads);
     std::vector<Item> split;
     for (const Item& item : items) {
       const bool one_row_path = starts[item.seq + 1] - starts[item.seq] <= kRowwiseMaxRows || tile_rows == 1;

@@ -194,14 +194,17 @@ def test_a_verify_steps_rows_are_bitwise_their_decode_steps(q_len, num_kv_heads,
 
 
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (40, 30.0)])
-def test_a_lone_rows_heads_split_over_threads_change_no_bit(window, softcap):
-    """A decode row of a model with one KV head (Gemma 3 270M: 4 query heads of 256) is one
-    work item, so the kernel splits its heads into runs, one per thread; each head must come
-    out bitwise as when the row shares a batch with others and is not split."""
-    head_size, block_size, group = 256, 16, 4
+@pytest.mark.parametrize("num_kv_heads,group,head_size", [(1, 4, 256), (3, 3, 64)])  # Gemma 3 270M, SmolLM2
+def test_a_lone_rows_heads_split_over_threads_change_no_bit(window, softcap, num_kv_heads, group, head_size):
+    """A decode row of a model with one KV head (Gemma 3 270M: 4 query heads of 256) or three
+    (SmolLM2) is too few work items for two threads to share evenly, so the kernel splits each
+    KV head's query heads into runs, one per thread; each head must come out bitwise as when
+    the row shares a batch with others and is not split."""
+    block_size = 16
     specs = [(300, 1), (90, 1), (120, 1), (200, 1)]
-    key_cache, value_cache, block_tables, _ = make_batch(specs, 1, head_size, block_size, torch.float32)
-    query = torch.randn(4, group, head_size, generator=torch.Generator().manual_seed(1))
+    key_cache, value_cache, block_tables, _ = make_batch(specs, num_kv_heads, head_size, block_size,
+                                                         torch.float32)
+    query = torch.randn(4, num_kv_heads * group, head_size, generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -209,7 +212,7 @@ def test_a_lone_rows_heads_split_over_threads_change_no_bit(window, softcap):
         _native.paged_attention(batch, query, key_cache, value_cache, block_tables,
                                 torch.arange(5, dtype=torch.int32), torch.tensor([c for c, _ in specs], dtype=torch.int32),
                                 head_size ** -0.5, window, softcap)
-        alone = torch.empty(1, group, head_size)
+        alone = torch.empty(1, num_kv_heads * group, head_size)
         _native.paged_attention(alone, query[:1].contiguous(), key_cache, value_cache, block_tables[:1],
                                 torch.tensor([0, 1], dtype=torch.int32), torch.tensor([300], dtype=torch.int32),
                                 head_size ** -0.5, window, softcap)
