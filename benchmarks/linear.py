@@ -10,7 +10,10 @@ Prints milliseconds per pass over all 30 layers and the GFLOP/s that is (2 · ro
 multiply-adds); the random weights and quants have the real shapes, so the times are the
 model's. Then, at decode shape (one row), the packed kernel's weight bandwidth per GGUF block
 type (GB/s of packed weight read), over three layers of a 1B Llama's shapes (TinyLlama: K of
-2,048 and 5,632, multiples of the K-quants' 256), too large for the caches.
+2,048 and 5,632, multiples of the K-quants' 256), too large for the caches; and, on one thread
+with a 1,024 x 2,048 weight that stays in the caches, each type's dequantize-and-multiply
+rate in G weights/s (best of 200 calls): the kernel's own cost, which the memory hides at two
+threads for the cheap types and not for the 5- and 6-bit ones.
 """
 
 from __future__ import annotations
@@ -94,6 +97,31 @@ def decode_bandwidth(repeats: int) -> None:
         del layers
 
 
+def reader_rate() -> None:
+    """One row, one thread, a weight that stays in the caches: G weights/s per type with
+    float32 activations (the readers' arithmetic, without the memory's limit)."""
+    rng = np.random.default_rng(1)
+    n, k = 1024, 2048
+    x, out = torch.randn(1, k), torch.empty(1, n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cells = []
+    try:
+        for kind in GGUF_BLOCKS:
+            packed = _native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind)
+            for _ in range(20):
+                _native.packed_linear(out, x, packed)
+            best = float("inf")
+            for _ in range(200):
+                start = time.perf_counter()
+                _native.packed_linear(out, x, packed)
+                best = min(best, time.perf_counter() - start)
+            cells.append(f"{kind} {n * k / best / 1e9:5.1f}")
+    finally:
+        torch.set_num_threads(threads)
+    print(f"\nin-cache reader rate (1 row, 1 thread, {n} x {k}), G weights/s: " + "  ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.linear", description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,4,16,64,256,512")
@@ -140,6 +168,7 @@ def main() -> None:
             cells.append(f"{seconds * 1e3:8.1f} ms {2 * rows * macs / seconds / 1e9:5.0f} GF/s")
         print(f"{rows:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
     decode_bandwidth(args.repeats)
+    reader_rate()
 
 
 if __name__ == "__main__":

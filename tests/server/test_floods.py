@@ -76,7 +76,9 @@ def test_the_queue_bound_answers_429_with_retry_after_instead_of_hanging(tiny):
         print(figures)
         assert figures["ok"] + figures["429"] == 16 and not figures["other"]
         assert figures["429"] >= 8 and figures["429_with_retry_after"] == figures["429"]
-        assert figures["ok"] >= 3  # the running one and the queued ones completed
+        # the queued ones completed, and a third when the first left the queue for the running
+        # set before the burst filled it (a race the burst's timing decides: 2 or 3 on this VM)
+        assert 2 <= figures["ok"] <= 3
         assert figures["slowest_429_s"] < 5  # refused at once, not after a wait
         books = server.wait_balanced()
         assert books["requests_accepted"] == figures["ok"]  # a 429 never entered the engine
