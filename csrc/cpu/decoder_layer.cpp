@@ -14,8 +14,7 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
   int64_t start = 0;
   for (const PackedPart& part : parts) {
     std::optional<at::Tensor> part_bias;
-    if (bias.has_value())
-      part_bias = parts.size() == 1 ? *bias : bias->narrow(0, start, part.rows);
+    if (bias.has_value()) part_bias = bias->narrow(0, start, part.rows);
     if (input.size(0) <= part.max_rows) {
       at::Tensor out = at::empty({input.size(0), part.rows}, input.options());
       packed_linear(out, input, part.packed, part_bias);
