@@ -2,10 +2,13 @@
 plain decoding, in one run, through the offline engine on the default model (greedy; the
 tokens are checked equal on both sides):
 
-- W1-style single streams on three prompt kinds: "copy" (a RAG-style answer that quotes its
-  context), "code" (an edit that returns most of the code), "chat" (free text, little to look
-  up): milliseconds per output token (the median over the prompts of a request's time over
-  its tokens, best of --repeats) and the mean tokens per verified step;
+- W1-style single streams on four prompt kinds: "copy" (answers that repeat or quote their
+  context, RAG-style), "quote" (prompts asking to quote, which the default model answers in
+  its own words instead: little to look up), "code" (an edit that returns most of the code),
+  "chat" (free text): TPOT as vLLM defines it (the time after a request's first token over
+  the tokens after it; the median over the kind's prompts of each one's best of --repeats),
+  the mean tokens per verified step, and the request time per output token with the prefill
+  in it;
 - a W2-shaped batch (16 prompts of 256 random tokens, 128 out, ignore_eos, all at once):
   output tokens per second, the best of --repeats. With the default disable_by_batch_size
   (4) such a batch does not speculate; --batch-limit sets it (0: no limit) to show what
@@ -37,10 +40,25 @@ CONTEXT = ("The paged KV cache stores keys and values in fixed-size blocks. A bl
 CODE = ("def area(shape, a, b=None):\n    if shape == 'square':\n        return a * a\n"
         "    if shape == 'rectangle':\n        return a * b\n    if shape == 'circle':\n"
         "        return 3.14159 * a * a\n    raise ValueError(shape)\n")
+RIVER = ("The river rises in the northern hills and flows south for two hundred kilometres before "
+         "it reaches the sea. Three towns stand on its banks, and each of them was built around an "
+         "old stone bridge. In spring the snowmelt raises the water by several metres, and the "
+         "meadows along the lower valley flood for a few weeks every year.")
+POLICY = ("Items bought online can be returned within thirty days of delivery. The item must be "
+          "unused and in its original packaging, with the receipt or the order number. Refunds go "
+          "back to the original payment method within five business days of the item reaching our "
+          "warehouse. Shipping costs are refunded only when the item arrived damaged or was not the "
+          "item ordered.")
 KINDS = {
+    # answers that copy their context: the default model repeats the first two word for word
+    # and quotes much of the third
     "copy": [f"{CONTEXT}\n\nRepeat the text above exactly.",
-             f"Context: {CONTEXT}\n\nQuote the sentences about preemption and the block table.",
-             f"{CONTEXT}\n\nRewrite the text above word for word, then stop."],
+             f"{RIVER}\n\nRepeat the text above exactly.",
+             f"Document:\n{POLICY}\n\nQuestion: What is the return policy? Answer by quoting the "
+             "document exactly."],
+    # asked to quote, but the default model (135M) answers in its own words: little to look up
+    "quote": [f"Context: {CONTEXT}\n\nQuote the sentences about preemption and the block table.",
+              f"{CONTEXT}\n\nRewrite the text above word for word, then stop."],
     "code": [f"Rename the function to shape_area and return the whole code:\n\n{CODE}",
              f"Add a docstring to this function and return all of it:\n\n{CODE}",
              f"Replace 3.14159 by math.pi (import math) and return the code:\n\n{CODE}"],
@@ -56,7 +74,8 @@ class Side:
 
     def __init__(self, llm):
         self.llm = llm
-        self.best: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
+        self.best: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}  # decode TPOT
+        self.best_e2e: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
         self.ids: dict[str, dict[int, list[int]]] = {kind: {} for kind in KINDS}
         self.verified = {kind: [0, 0] for kind in KINDS}  # drafts, kept
         self.batch: list[float] = []
@@ -65,16 +84,27 @@ class Side:
         stats = self.llm.engine.stats
         start = (stats.spec_drafts, stats.spec_accepted_tokens)
         t0 = time.perf_counter()
-        out = self.llm.chat([{"role": "user", "content": KINDS[kind][i]}], params)[0].outputs[0]
-        ms = 1000 * (time.perf_counter() - t0) / max(len(out.token_ids), 1)
-        self.best[kind][i] = min(self.best[kind].get(i, float("inf")), ms)
+        result = self.llm.chat([{"role": "user", "content": KINDS[kind][i]}], params)[0]
+        e2e = 1000 * (time.perf_counter() - t0)
+        out, m = result.outputs[0], result.metrics
+        # vLLM's TPOT: the time after the first token over the tokens after it (the prompt's
+        # prefill is TTFT's, not TPOT's)
+        tpot = 1000 * (m.last_token_time - m.first_token_time) / max(len(out.token_ids) - 1, 1)
+        self.best[kind][i] = min(self.best[kind].get(i, float("inf")), tpot)
+        self.best_e2e[kind][i] = min(self.best_e2e[kind].get(i, float("inf")),
+                                     e2e / max(len(out.token_ids), 1))
         self.ids[kind][i] = out.token_ids
         self.verified[kind][0] += stats.spec_drafts - start[0]
         self.verified[kind][1] += stats.spec_accepted_tokens - start[1]
 
     def tpot(self, kind: str) -> float:
-        """the median over the kind's prompts of each one's best ms per output token"""
+        """the median over the kind's prompts of each one's best TPOT"""
         return statistics.median(self.best[kind].values())
+
+    def e2e_per_token(self, kind: str) -> float:
+        """the median over the kind's prompts of each one's best request time per output token
+        (prefill included)"""
+        return statistics.median(self.best_e2e[kind].values())
 
     def tokens_per_step(self, kind: str) -> float:
         drafts, kept = self.verified[kind]
@@ -135,7 +165,9 @@ def main() -> int:
         print(f"{kind + ' TPOT':<10} {a.tpot(kind):9.2f} ms {b.tpot(kind):9.2f} ms "
               f"{a.tpot(kind) / b.tpot(kind):7.2f}x {b.tokens_per_step(kind):12.2f} {a.ids[kind] == b.ids[kind]}")
         print("  per prompt: " + ", ".join(f"{a.best[kind][i] / b.best[kind][i]:.2f}x"
-                                           for i in range(len(KINDS[kind]))))
+                                           for i in range(len(KINDS[kind])))
+              + f"; request time per token (prefill in it) {a.e2e_per_token(kind):.2f} -> "
+                f"{b.e2e_per_token(kind):.2f} ms, {a.e2e_per_token(kind) / b.e2e_per_token(kind):.2f}x")
     wa, wb = max(a.batch), max(b.batch)
     print(f"{'W2 tok/s':<10} {wa:12.1f} {wb:12.1f} {wb / wa:7.2f}x   (best of {args.repeats})")
     for side in sides.values():

@@ -52,6 +52,13 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# extra_args keys pyserve reads: key -> what it does
+EXTRA_ARGS = {
+    "num_speculative_tokens": "at most this many speculative drafts a step for this request "
+                              "(0: none; it never raises the server's --speculative-config)",
+}
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -78,6 +85,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # the output's grammar
+    # vLLM's per-request extension arguments (the server's `vllm_xargs`); the keys pyserve
+    # reads are EXTRA_ARGS' (any other is refused, never ignored)
+    extra_args: dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +141,18 @@ class SamplingParams:
              f"must be -1 (all) or non-negative, got {self.logprobs}")
         need(self.prompt_logprobs is None or self.prompt_logprobs >= -1, "prompt_logprobs",
              f"must be -1 (all) or non-negative, got {self.prompt_logprobs}")
+        need(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args",
+             "must be an object")
+        for key, value in (self.extra_args or {}).items():
+            need(key in EXTRA_ARGS, "extra_args", f"key '{key}' is not supported; pyserve reads "
+                 + ", ".join(EXTRA_ARGS))
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                 "extra_args", f"'{key}' must be a non-negative integer, got {value!r}")
+
+    @property
+    def max_drafts(self) -> int | None:
+        """The request's cap on speculative drafts a step (0: none), or None: the server's."""
+        return (self.extra_args or {}).get("num_speculative_tokens")
 
     @property
     def greedy(self) -> bool:

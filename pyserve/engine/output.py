@@ -28,6 +28,24 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request reached each point, in time.monotonic() seconds (vLLM's RequestMetrics
+    fields). With n > 1: the earliest first token and the latest last token of its
+    completions. A field is None until its point is reached."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+
+    @property
+    def time_in_queue(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -39,6 +57,7 @@ class RequestOutput:
     # a pooling request's result (float32 torch.Tensor on the CPU: [hidden], or [tokens,
     # hidden] for token_embed); outputs is then empty
     pooled: object = None
+    metrics: RequestMetrics | None = None
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.engine.output import CompletionOutput, RequestMetrics, RequestOutput
 from pyserve.engine.request import Request
 from pyserve.sampling_params import RequestOutputKind
 
@@ -63,7 +63,15 @@ class RequestGroup:
             first.prompt_logprobs_sent = True
         return RequestOutput(self.request_id, first.prompt, first.prompt_token_ids, completions,
                              finished=finished, prompt_logprobs=prompt_logprobs,
-                             num_cached_tokens=first.num_cached_tokens)
+                             num_cached_tokens=first.num_cached_tokens,
+                             metrics=self._metrics())
+
+    def _metrics(self) -> RequestMetrics:
+        first = self.children[0]
+        firsts = [c.first_token_time for c in self.children if c.first_token_time is not None]
+        lasts = [c.last_token_time for c in self.children if c.last_token_time is not None]
+        return RequestMetrics(first.arrival_time, first.first_scheduled_time,
+                              min(firsts, default=None), max(lasts, default=None))
 
 
 def _completion(request: Request, cumulative: bool) -> CompletionOutput:

@@ -201,12 +201,15 @@ class Scheduler:
             return []  # only a step that computes the last known token can carry drafts
         if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
             return []  # a batch this large is compute-bound: extra rows cost what they save
+        cap = request.params.max_drafts
+        if cap == 0:
+            return []  # the request opted out
         k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
         if k == 0:
             if len(request.output_token_ids) < request.lookahead_resume:
                 return []
             k = request.lookahead = 1
-        room = min(k, budget,
+        room = min(k, budget, k if cap is None else cap,
                    request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:

@@ -28,6 +28,17 @@ def test_max_tokens_ends_with_length(reference):
         assert out.outputs[0].text
 
 
+def test_metrics_time_the_request_in_order(llm, reference):
+    """RequestOutput.metrics (vLLM's fields): arrival, then scheduling, then the first token,
+    then the last; a one-token request's first token is its last."""
+    for out in reference:
+        m = out.metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time < m.last_token_time
+        assert m.time_in_queue == m.first_scheduled_time - m.arrival_time
+    one = llm.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1))[0].metrics
+    assert one.first_token_time == one.last_token_time
+
+
 def test_stop_string_cuts_the_text(llm, reference):
     full = reference[1].outputs[0]
     stop = full.text[10:14]

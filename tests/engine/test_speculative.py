@@ -83,6 +83,30 @@ def test_no_proposals_beyond_the_batch_limit(pair):
     assert outputs(limited, REPEATING, params) == outputs(plain, REPEATING, params)
 
 
+def test_a_request_opts_out_or_caps_its_drafts(pair):
+    """extra_args {"num_speculative_tokens": n} (the server's vllm_xargs): 0 proposes nothing
+    for that request, n caps its drafts a step; the output stays the plain one."""
+    plain, spec = pair
+    stats = spec.engine.stats
+    want = outputs(plain, REPEATING, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    for cap in (0, 1, 2):
+        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True,
+                                extra_args={"num_speculative_tokens": cap})
+        drafts, proposed = stats.spec_drafts, stats.spec_draft_tokens
+        assert outputs(spec, REPEATING, params) == want
+        drafts, proposed = stats.spec_drafts - drafts, stats.spec_draft_tokens - proposed
+        if cap == 0:
+            assert drafts == 0
+        else:  # the repeating prompts draft every step they can, never past the cap
+            assert drafts > 0 and cap * drafts >= proposed > (cap - 1) * drafts
+    for bad, message in (({"typo": 1}, "key 'typo' is not supported"),
+                         ({"num_speculative_tokens": -1}, "non-negative integer"),
+                         ({"num_speculative_tokens": True}, "non-negative integer")):
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(extra_args=bad)
+    assert_books_balanced(spec)
+
+
 def test_the_config_is_vllms_json():
     assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2, None)
     assert SpeculativeConfig.from_json({"num_speculative_tokens": 2}).disable_by_batch_size == 4

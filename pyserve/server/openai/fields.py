@@ -29,7 +29,7 @@ _COMMON = {
     "truncate_prompt_tokens", "add_special_tokens", "response_format", "structured_outputs",
     "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
     "guided_decoding_backend", "guided_whitespace_pattern", "best_of", "allowed_token_ids", "bad_words",
-    "truncation_side", "return_token_ids", "return_tokens_as_token_ids",
+    "truncation_side", "return_token_ids", "return_tokens_as_token_ids", "vllm_xargs",
     "use_beam_search", "length_penalty",  # vLLM's beam search (engine/beam_search.py)
 }
 IMPLEMENTED = {
@@ -43,7 +43,7 @@ NO_EFFECT = {"user", "store", "metadata", "service_tier"}
 REFUSED_UNLESS_DEFAULT = {
     "logits_processors": None,
     "cache_salt": None,
-    "kv_transfer_params": None, "vllm_xargs": None, "mm_processor_kwargs": None,
+    "kv_transfer_params": None, "mm_processor_kwargs": None,
     "prompt_embeds": None, "echo_chat": None, "reasoning_effort": None, "audio": None,
     "modalities": None, "prediction": None, "functions": None, "function_call": None,
     "web_search_options": None, "processed_prompt": None,
