@@ -77,12 +77,13 @@ class Side:
         self.best: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}  # decode TPOT
         self.best_e2e: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
         self.ids: dict[str, dict[int, list[int]]] = {kind: {} for kind in KINDS}
-        self.verified = {kind: [0, 0] for kind in KINDS}  # drafts, kept
+        # verified steps, drafts kept, draft tokens proposed, output tokens
+        self.verified = {kind: [0, 0, 0, 0] for kind in KINDS}
         self.batch: list[float] = []
 
     def stream(self, kind: str, i: int, params) -> None:
         stats = self.llm.engine.stats
-        start = (stats.spec_drafts, stats.spec_accepted_tokens)
+        start = (stats.spec_drafts, stats.spec_accepted_tokens, stats.spec_draft_tokens)
         t0 = time.perf_counter()
         result = self.llm.chat([{"role": "user", "content": KINDS[kind][i]}], params)[0]
         e2e = 1000 * (time.perf_counter() - t0)
@@ -96,6 +97,8 @@ class Side:
         self.ids[kind][i] = out.token_ids
         self.verified[kind][0] += stats.spec_drafts - start[0]
         self.verified[kind][1] += stats.spec_accepted_tokens - start[1]
+        self.verified[kind][2] += stats.spec_draft_tokens - start[2]
+        self.verified[kind][3] += len(out.token_ids)
 
     def tpot(self, kind: str) -> float:
         """the median over the kind's prompts of each one's best TPOT"""
@@ -106,8 +109,14 @@ class Side:
         (prefill included)"""
         return statistics.median(self.best_e2e[kind].values())
 
+    def backoff(self, kind: str) -> str:
+        """what the backoff let through: drafts proposed per output token, and the share kept"""
+        _, kept, proposed, tokens = self.verified[kind]
+        return (f"{proposed / max(tokens, 1):.2f} drafts proposed a token, "
+                f"{100 * kept / max(proposed, 1):.0f} % kept")
+
     def tokens_per_step(self, kind: str) -> float:
-        drafts, kept = self.verified[kind]
+        drafts, kept = self.verified[kind][:2]
         return (1 + kept / drafts) if drafts else 1.0
 
 
@@ -167,7 +176,8 @@ def main() -> int:
         print("  per prompt: " + ", ".join(f"{a.best[kind][i] / b.best[kind][i]:.2f}x"
                                            for i in range(len(KINDS[kind])))
               + f"; request time per token (prefill in it) {a.e2e_per_token(kind):.2f} -> "
-                f"{b.e2e_per_token(kind):.2f} ms, {a.e2e_per_token(kind) / b.e2e_per_token(kind):.2f}x")
+                f"{b.e2e_per_token(kind):.2f} ms, {a.e2e_per_token(kind) / b.e2e_per_token(kind):.2f}x; "
+              + b.backoff(kind))
     wa, wb = max(a.batch), max(b.batch)
     print(f"{'W2 tok/s':<10} {wa:12.1f} {wb:12.1f} {wb / wa:7.2f}x   (best of {args.repeats})")
     for side in sides.values():
