@@ -114,8 +114,9 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 refuse=True, fine=("auto", "hf", "slow")),
     ForeignFlag(("--kv-cache-dtype",), "keeps the KV cache in the model's dtype (--dtype); fp8 "
                 "caches are not implemented", refuse=True, fine=("auto",)),
-    ForeignFlag(("--quantization", "-q"), "runs unquantized weights and GGUF Q4_1 / Q8_0 files "
-                "only (pass the .gguf as the model)", refuse=True, fine=("gguf",)),
+    ForeignFlag(("--quantization", "-q"), "runs unquantized weights and GGUF files only (pass the "
+                ".gguf as the model: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K stay quantized)",
+                refuse=True, fine=("gguf",)),
     ForeignFlag(("--data-parallel-size", "-dp"), "runs one engine per server; start one server "
                 "per replica behind a load balancer", refuse=True, type=int, fine=(1,)),
     ForeignFlag(("--api-server-count",), "runs one API server process", refuse=True, type=int,
