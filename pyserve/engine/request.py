@@ -58,6 +58,7 @@ class Request:
         self.lookahead: int | None = None
         self.lookahead_resume = 0
         self.lookahead_pauses = 0  # pauses since drafts were last kept
+        self.token_history = None  # n-gram lookup's array of all_token_ids (engine/ngram.py)
         # a draft model's KV cache holds this request's first draft_synced positions
         self.draft_synced = 0
         # a pooling (embedding) request: its PoolingState (engine/pooling.py); it never samples

@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 
 from pyserve.config import SchedulerConfig
-from pyserve.engine.ngram import PAUSE_TOKENS, next_lookahead, propose
+from pyserve.engine.ngram import PAUSE_TOKENS, TokenHistory, next_lookahead, propose
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
 from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs,
@@ -219,7 +219,10 @@ class Scheduler:
             # if any: EngineCore._draft_masks hands it a fork of the matcher)
             drafts = [DRAFT_PLACEHOLDER] * room
         else:
-            drafts = propose(request.all_token_ids, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
+            if request.token_history is None:
+                request.token_history = TokenHistory()
+            drafts = propose(request.token_history.sync(request.all_token_ids), room,
+                             spec.prompt_lookup_min, spec.prompt_lookup_max)
         if not drafts or not self.kv.allocate_slots(request.request_id,
                                                     request.num_computed_tokens + 1 + len(drafts),
                                                     request.num_computed_tokens):

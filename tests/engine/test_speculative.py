@@ -12,7 +12,7 @@ import torch
 
 from pyserve import _native
 from pyserve.config import ConfigError, SpeculativeConfig
-from pyserve.engine.ngram import next_lookahead, propose
+from pyserve.engine.ngram import TokenHistory, next_lookahead, propose
 from pyserve.llm import LLM
 from pyserve.model.verify import accepted
 from pyserve.sampling_params import SamplingParams
@@ -57,6 +57,22 @@ def test_propose_equals_its_definition_on_random_histories():
         hi = rng.randrange(lo, 6)
         k = rng.randrange(1, 6)
         assert propose(tokens, k, lo, hi) == _propose_by_definition(tokens, k, lo, hi), (tokens, k, lo, hi)
+
+
+
+def test_the_growing_history_array_proposes_what_the_list_does():
+    """TokenHistory (the scheduler's per-request array) keeps up with a list that grows by
+    a token or a few a step, and starts over when handed a shorter one."""
+    import random
+
+    rng = random.Random(7)
+    history, tokens = TokenHistory(), []
+    for step in range(400):
+        tokens.extend(rng.randrange(4) for _ in range(rng.randrange(1, 5)))
+        array = history.sync(tokens)
+        assert array.tolist() == tokens
+        assert propose(array, 4, 2, 4) == _propose_by_definition(tokens, 4, 2, 4)
+    assert history.sync(tokens[:5]).tolist() == tokens[:5]
 
 
 def test_verification_keeps_drafts_while_they_equal_the_argmax():
