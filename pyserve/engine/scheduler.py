@@ -27,7 +27,8 @@ from __future__ import annotations
 import bisect
 
 from pyserve.config import SchedulerConfig
-from pyserve.engine.ngram import PAUSE_TOKENS, TokenHistory, next_lookahead, propose
+from pyserve.engine.ngram import (FIRST_LOOKAHEAD, PAUSE_TOKENS, TokenHistory, next_lookahead,
+                                  propose)
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
 from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs,
@@ -204,7 +205,9 @@ class Scheduler:
         cap = request.params.max_drafts
         if cap == 0:
             return []  # the request opted out
-        k = spec.num_speculative_tokens if request.lookahead is None else request.lookahead
+        if request.lookahead is None:
+            request.lookahead = min(spec.num_speculative_tokens, FIRST_LOOKAHEAD)
+        k = request.lookahead
         if k == 0:
             if len(request.output_token_ids) < request.lookahead_resume:
                 return []
