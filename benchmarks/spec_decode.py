@@ -32,6 +32,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 
 CONTEXT = ("The paged KV cache stores keys and values in fixed-size blocks. A block table maps "
            "each sequence's positions to blocks, so sequences grow without copying, and blocks "
@@ -77,8 +78,8 @@ class Side:
         self.best: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}  # decode TPOT
         self.best_e2e: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
         self.ids: dict[str, dict[int, list[int]]] = {kind: {} for kind in KINDS}
-        # verified steps, drafts kept, draft tokens proposed, output tokens
-        self.verified = {kind: [0, 0, 0, 0] for kind in KINDS}
+        # per kind: verified steps, drafts kept, draft tokens proposed, output tokens
+        self.counts = {kind: Counter() for kind in KINDS}
         self.batch: list[float] = []
 
     def stream(self, kind: str, i: int, params) -> None:
@@ -95,10 +96,10 @@ class Side:
         self.best_e2e[kind][i] = min(self.best_e2e[kind].get(i, float("inf")),
                                      e2e / max(len(out.token_ids), 1))
         self.ids[kind][i] = out.token_ids
-        self.verified[kind][0] += stats.spec_drafts - start[0]
-        self.verified[kind][1] += stats.spec_accepted_tokens - start[1]
-        self.verified[kind][2] += stats.spec_draft_tokens - start[2]
-        self.verified[kind][3] += len(out.token_ids)
+        self.counts[kind].update(steps=stats.spec_drafts - start[0],
+                                 kept=stats.spec_accepted_tokens - start[1],
+                                 proposed=stats.spec_draft_tokens - start[2],
+                                 tokens=len(out.token_ids))
 
     def tpot(self, kind: str) -> float:
         """the median over the kind's prompts of each one's best TPOT"""
@@ -111,12 +112,12 @@ class Side:
 
     def backoff(self, kind: str) -> str:
         """what the backoff let through: drafts proposed per output token, and the share kept"""
-        _, kept, proposed, tokens = self.verified[kind]
-        return (f"{proposed / max(tokens, 1):.2f} drafts proposed a token, "
-                f"{100 * kept / max(proposed, 1):.0f} % kept")
+        c = self.counts[kind]
+        return (f"{c['proposed'] / max(c['tokens'], 1):.2f} drafts proposed a token, "
+                f"{100 * c['kept'] / max(c['proposed'], 1):.0f} % kept")
 
     def tokens_per_step(self, kind: str) -> float:
-        drafts, kept = self.verified[kind][:2]
+        drafts, kept = self.counts[kind]["steps"], self.counts[kind]["kept"]
         return (1 + kept / drafts) if drafts else 1.0
 
 

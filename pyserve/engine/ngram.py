@@ -7,8 +7,8 @@ each match backwards; no Python loop per token.
 
 Backoff: each request proposes up to its own lookahead (FIRST_LOOKAHEAD at first), which
 next_lookahead moves after every verified step, so a request whose text does not repeat soon
-stops paying for rejected rows; at 0 it pauses for PAUSE_TOKENS output tokens (twice as long for each pause in a row without
-a kept draft between), then tries one draft again."""
+stops paying for rejected rows; at 0 it pauses for PAUSE_TOKENS output tokens (twice as long
+for each pause in a row without a kept draft between), then tries one draft again."""
 
 from __future__ import annotations
 

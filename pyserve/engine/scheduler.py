@@ -212,7 +212,9 @@ class Scheduler:
             if len(request.output_token_ids) < request.lookahead_resume:
                 return []
             k = request.lookahead = 1
-        room = min(k, budget, k if cap is None else cap,
+        if cap is not None:
+            k = min(k, cap)
+        room = min(k, budget,
                    request.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:

@@ -115,12 +115,9 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
         max_tokens = fallback
     for name, value in defaults.items():
         values.setdefault(name, value)
-    xargs = body.get("vllm_xargs")
-    if xargs is not None and not isinstance(xargs, dict):
-        raise APIError(400, f"vllm_xargs must be an object, got {brief(xargs)}", "vllm_xargs")
     try:
         return SamplingParams(
-            **values, max_tokens=max_tokens, logprobs=logprobs, extra_args=xargs or None,
+            **values, max_tokens=max_tokens, logprobs=logprobs, extra_args=body.get("vllm_xargs"),
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
     except InvalidRequest as exc:
         if exc.param == "extra_args":  # the server's name for vLLM's extra_args
