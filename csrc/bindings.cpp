@@ -24,6 +24,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
     TORCH_CHECK(key_cache.device() == key.device() && slot_mapping.device() == key.device(),
                 "reshape_and_cache: all tensors must be on one device");
     TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64");
+    TORCH_CHECK(key_cache.scalar_type() == key.scalar_type(),
+                "reshape_and_cache (CUDA): the caches must have the keys' dtype");
     // the kernel writes value_cache with key_cache's strides
     TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
                     value_cache.strides() == key_cache.strides() && key_cache.size(1) == key.size(1) &&
@@ -49,9 +51,10 @@ void check_paged_attention(const at::Tensor& out, const at::Tensor& query, const
   TORCH_CHECK(out.sizes() == query.sizes() && out.stride(2) == 1, "out must match query");
   TORCH_CHECK(query.size(2) == key_cache.size(3), "query head_size differs from the cache's");
   TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() && out.scalar_type() == query.scalar_type() &&
-                  value_cache.scalar_type() == key_cache.scalar_type(),
-              "query, out and caches must share one dtype");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type() && value_cache.scalar_type() == key_cache.scalar_type() &&
+                  cpu::cache_types_match(query.scalar_type(), key_cache.scalar_type()),
+              "query and out must share one dtype, the caches another: the same, or bfloat16 or "
+              "float16 caches for a float32 query");
   for (const at::Tensor* t : {&out, &key_cache, &value_cache, &block_tables, &query_start_loc, &seq_lens})
     TORCH_CHECK(t->device() == query.device(), "paged_attention: all tensors must be on one device");
   for (const at::Tensor* t : {&block_tables, &query_start_loc, &seq_lens})
@@ -70,6 +73,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   check_paged_attention(out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens);
 #ifdef PYSERVE_CUDA
   if (query.is_cuda()) {
+    TORCH_CHECK(key_cache.scalar_type() == query.scalar_type(),
+                "paged_attention (CUDA): the caches must have the query's dtype");
     // the kernel addresses both caches with key_cache's strides, rows head_size apart
     TORCH_CHECK(key_cache.strides() == value_cache.strides() && key_cache.stride(2) == key_cache.size(3),
                 "paged_attention (CUDA): key_cache and value_cache must share one layout, rows "

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, LOAD_FORMATS,
-                            RAY_COLLECTIVES,
+from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, KV_CACHE_DTYPES,
+                            LOAD_FORMATS, RAY_COLLECTIVES,
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
@@ -186,6 +186,11 @@ def _cache_flags(g) -> None:
                    "--kv-cache-memory; lru (vLLM's): every block once before any cached prefix "
                    "is evicted, which keeps the most prefixes and writes the whole cache. auto: "
                    "resident on the CPU, lru on a GPU (whose cache memory is reserved anyway)")
+    g.add_argument("--kv-cache-dtype", default="auto",
+                   help=f"{' | '.join(KV_CACHE_DTYPES)}: the KV cache's dtype. auto: the activations' (float32 on the CPU, "
+                   "bitwise transformers); bfloat16 or float16: half the cache's bytes, which "
+                   "attention reads every step, rounded as they are written (CPU, float32 "
+                   "activations; not bitwise; fp8 is not implemented)")
     g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="keep every layer's KV for the whole context; by default the blocks "
                    "of sliding-window layers (Gemma 2/3, Mistral) that fall out of the window "

@@ -4,7 +4,7 @@ changing only the command name, or fails at once with the reason.
 - HONOURED: flags pyserve's own parser (cli.py) defines under vLLM's name and meaning, with
   where the value lands (an attribute path of cli.ServeArgs; None: what pyserve always does).
 - FOREIGN: flags with no use here. Each is accepted silently for the values that mean what
-  pyserve does anyway (`--kv-cache-dtype auto`), and otherwise either accepted with a
+  pyserve does anyway (`--cpu-offload-gb 0`), and otherwise either accepted with a
   one-line warning (`warn`: nothing a client would notice changes) or refused with exit 2
   (`refuse`: pyserve would serve something other than what was asked for).
 
@@ -38,6 +38,7 @@ HONOURED: dict[str, str | None] = {
     "--kv-cache-memory-bytes": "config.cache.kv_cache_memory",
     "--enable-prefix-caching": "config.cache.enable_prefix_caching",
     "--disable-hybrid-kv-cache-manager": "config.cache.disable_hybrid_kv_cache_manager",
+    "--kv-cache-dtype": "config.cache.kv_cache_dtype",
     "--max-num-seqs": "config.scheduler.max_num_seqs",
     "--max-num-batched-tokens": "config.scheduler.max_num_batched_tokens",
     "--scheduling-policy": "config.scheduler.scheduling_policy",
@@ -112,8 +113,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "classify or reward heads)", refuse=True, fine=("auto", "none", "embed")),
     ForeignFlag(("--tokenizer-mode",), "reads Hugging Face tokenizers (tokenizer.json) only",
                 refuse=True, fine=("auto", "hf", "slow")),
-    ForeignFlag(("--kv-cache-dtype",), "keeps the KV cache in the model's dtype (--dtype); fp8 "
-                "caches are not implemented", refuse=True, fine=("auto",)),
     ForeignFlag(("--quantization", "-q"), "runs unquantized weights and GGUF files only (pass the "
                 ".gguf as the model: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K stay quantized)",
                 refuse=True, fine=("gguf",)),

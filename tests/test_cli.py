@@ -246,10 +246,10 @@ def test_console_script_is_installed():
     script = Path(sys.executable).parent / "pyserve"
     if not script.exists():
         pytest.skip("the pyserve console script is not installed (pip install -e . makes it)")
-    done = subprocess.run([str(script), "serve", "--kv-cache-dtype", "fp8"], capture_output=True,
+    done = subprocess.run([str(script), "serve", "--data-parallel-size", "2"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2
-    assert "pyserve serve: error: pyserve does not support --kv-cache-dtype fp8" in done.stderr
+    assert "pyserve serve: error: pyserve does not support --data-parallel-size 2" in done.stderr
     done = subprocess.run([str(script), "chat", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--quick" in done.stdout and "--system-prompt" in done.stdout
     assert shutil.which("pyserve", path=str(script.parent)) == str(script)

@@ -38,6 +38,7 @@ HONOURED_EXAMPLES = {
     "--kv-cache-memory-bytes": (["--kv-cache-memory-bytes", "2G"], 2 * GiB),
     "--enable-prefix-caching": (["--no-enable-prefix-caching"], False),
     "--disable-hybrid-kv-cache-manager": (["--disable-hybrid-kv-cache-manager"], True),
+    "--kv-cache-dtype": (["--kv-cache-dtype", "bfloat16"], "bfloat16"),
     "--max-num-seqs": (["--max-num-seqs", "8"], 8),
     "--max-num-batched-tokens": (["--max-num-batched-tokens", "2K"], 2048),
     "--scheduling-policy": (["--scheduling-policy", "priority"], "priority"),
@@ -91,8 +92,6 @@ FOREIGN_EXAMPLES = [
     (["--convert", "classify"], "refused"),
     (["--tokenizer-mode", "auto"], "honoured"),
     (["--tokenizer-mode", "mistral"], "refused"),
-    (["--kv-cache-dtype", "auto"], "honoured"),
-    (["--kv-cache-dtype", "fp8"], "refused"),
     (["--quantization", "gguf"], "honoured"),
     (["-q", "awq"], "refused"),
     (["--data-parallel-size", "1"], "honoured"),
@@ -185,7 +184,7 @@ def test_foreign_flags_are_accepted_warned_or_refused(argv, outcome, capsys):
 
 
 def test_foreign_flags_from_pyserve_variables_are_judged_the_same(capsys):
-    args = parse_serve([], environ={"PYSERVE_TRUST_REMOTE_CODE": "1", "PYSERVE_KV_CACHE_DTYPE": "auto"})
+    args = parse_serve([], environ={"PYSERVE_TRUST_REMOTE_CODE": "1", "PYSERVE_CPU_OFFLOAD_GB": "0"})
     assert len(args.warnings) == 1 and "--trust-remote-code" in args.warnings[0]
     with pytest.raises(SystemExit):
         parse_serve([], environ={"PYSERVE_DATA_PARALLEL_SIZE": "2"})
@@ -221,4 +220,4 @@ def test_help_shows_the_foreign_group():
     from pyserve.cli import build_parser
 
     text = build_parser().format_help()
-    assert "vLLM flags pyserve has no use for:" in text and "--kv-cache-dtype" in text
+    assert "vLLM flags pyserve has no use for:" in text and "--cpu-offload-gb" in text

@@ -57,7 +57,7 @@ void check_cache(const at::Tensor& cache, const char* name) {
   TORCH_CHECK(cache.stride(3) == 1, name, " must be contiguous in head_size");
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t>
 void reshape_and_cache_impl(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                             at::Tensor& value_cache, const at::Tensor& slot_mapping) {
   const int64_t num_tokens = key.size(0), num_heads = key.size(1), head_size = key.size(2);
@@ -65,8 +65,8 @@ void reshape_and_cache_impl(const at::Tensor& key, const at::Tensor& value, at::
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const scalar_t* k = key.data_ptr<scalar_t>();
   const scalar_t* v = value.data_ptr<scalar_t>();
-  scalar_t* kc = key_cache.data_ptr<scalar_t>();
-  scalar_t* vc = value_cache.data_ptr<scalar_t>();
+  cache_t* kc = key_cache.data_ptr<cache_t>();
+  cache_t* vc = value_cache.data_ptr<cache_t>();
   at::parallel_for(0, num_tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = slots[t];
@@ -75,12 +75,15 @@ void reshape_and_cache_impl(const at::Tensor& key, const at::Tensor& value, at::
       for (int64_t h = 0; h < num_heads; ++h) {
         const scalar_t* ks = k + t * key.stride(0) + h * key.stride(1);
         const scalar_t* vs = v + t * value.stride(0) + h * value.stride(1);
-        scalar_t* kd = kc + block * key_cache.stride(0) + h * key_cache.stride(1) +
+        cache_t* kd = kc + block * key_cache.stride(0) + h * key_cache.stride(1) +
                        offset * key_cache.stride(2);
-        scalar_t* vd = vc + block * value_cache.stride(0) + h * value_cache.stride(1) +
+        cache_t* vd = vc + block * value_cache.stride(0) + h * value_cache.stride(1) +
                        offset * value_cache.stride(2);
-        std::copy(ks, ks + head_size, kd);
-        std::copy(vs, vs + head_size, vd);
+        // a narrower cache rounds to nearest even (c10's conversions)
+        for (int64_t d = 0; d < head_size; ++d) {
+          kd[d] = static_cast<cache_t>(ks[d]);
+          vd[d] = static_cast<cache_t>(vs[d]);
+        }
       }
     }
   });
@@ -225,17 +228,26 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
     // strided pointers would not fit the registers. Inlined by force: called out of line, the
     // lambda reached the sums through memory again (a quarter slower).
     vec scores[kChunk];
-    auto score_chunk = [&](auto stride) __attribute__((always_inline)) {
+    auto score_chunk = [&](const auto* keys, auto stride) __attribute__((always_inline)) {
       for (int j = 0; j < kChunk; ++j) scores[j] = zero();
       for (int64_t d = 0; d < D; ++d) {
         const vec q = load(qt + d * kChunk);
-        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(kb[j * stride + d])), q, scores[j]);
+        for (int j = 0; j < kChunk; ++j) scores[j] = fma(set1(static_cast<float>(keys[j * stride + d])), q, scores[j]);
       }
     };
-    if (token_stride == D)
-      score_chunk(std::integral_constant<int64_t, D>{});
-    else
-      score_chunk(token_stride);
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (token_stride == D)
+        score_chunk(kb, std::integral_constant<int64_t, D>{});
+      else
+        score_chunk(kb, token_stride);
+    } else {
+      // a 16-bit cache: the chunk's keys widened to float32 once, so that each broadcast
+      // above stays one load from memory rather than a scalar conversion per FMA
+      alignas(64) float wide[kChunk * D];
+      for (int j = 0; j < kChunk; ++j)
+        for (int v = 0; v < NV; ++v) store(wide + j * D + v * kLanes, load(kb + j * token_stride + v * kLanes));
+      score_chunk(wide, std::integral_constant<int64_t, D>{});
+    }
     __mmask16 seen[kChunk];  // lanes whose row sees key first + j
     vec chunk_max = set1(kFloor);
     for (int64_t j = 0; j < n; ++j) {
@@ -336,6 +348,17 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
   const scalar_t* kc = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
   const scalar_t* vc = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // A 16-bit cache's rows (under a float32 query) are widened before the float32 loops, so that
+  // the sums run in the order they take over a float32 cache holding the same values.
+  std::vector<float> wide(std::is_same_v<scalar_t, float> ? 0 : head_size);
+  auto row = [&](const scalar_t* r) {
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+      return r;
+    } else {
+      for (int64_t d = 0; d < head_size; ++d) wide[d] = static_cast<float>(r[d]);
+      return static_cast<const float*>(wide.data());
+    }
+  };
   std::fill(acc, acc + group * head_size, 0.f);
   std::fill(m, m + group, neg_inf);
   std::fill(l, l + group, 0.f);
@@ -350,7 +373,7 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
       float* ag = acc + g * head_size;
       float block_max = neg_inf;
       for (int64_t j = j0; j < n; ++j) {
-        const float s = dot(qg, kb + j * key_cache.stride(2), head_size);
+        const float s = dot(qg, row(kb + j * key_cache.stride(2)), head_size);
         scores[j] = softcap > 0.f ? softcap * std::tanh(s / softcap) : s;
         block_max = std::max(block_max, scores[j]);
       }
@@ -363,14 +386,16 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
       for (int64_t j = j0; j < n; ++j) {
         const float p = std::exp(scores[j] - new_max);
         l[g] += p;
-        axpy(ag, p, vb + j * value_cache.stride(2), head_size);
+        axpy(ag, p, row(vb + j * value_cache.stride(2)), head_size);
       }
       m[g] = new_max;
     }
   }
 }
 
-template <typename scalar_t>
+// scalar_t: query and output; cache_t: the KV cache, the same or a 16-bit type under a float32
+// query (--kv-cache-dtype), widened to float32 as it is loaded
+template <typename scalar_t, typename cache_t>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                           const at::Tensor& value_cache, const at::Tensor& block_tables,
                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
@@ -399,7 +424,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
 #ifdef PYSERVE_VEC
   const bool same_layout = key_cache.stride(3) == 1 && value_cache.stride(3) == 1 &&
                            key_cache.strides() == value_cache.strides();
-  const attend_fn<scalar_t> simd_path = same_layout ? simd_attention<scalar_t>(head_size) : nullptr;
+  const attend_fn<cache_t> simd_path = same_layout ? simd_attention<cache_t>(head_size) : nullptr;
   const int64_t padded = (block_size + simd::kLanes - 1) / simd::kLanes * simd::kLanes;
 #else
   const int64_t padded = block_size;
@@ -414,8 +439,8 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   // of their step.
   constexpr int64_t kRowwiseMaxRows = 17;
 #if defined(PYSERVE_VEC) && PYSERVE_VEC == 16
-  const tile_fn<scalar_t> tile_path =
-      same_layout && softcap <= 0.f ? tile_attention<scalar_t>(head_size, block_size, group) : nullptr;
+  const tile_fn<cache_t> tile_path =
+      same_layout && softcap <= 0.f ? tile_attention<cache_t>(head_size, block_size, group) : nullptr;
   const int64_t tile_rows = tile_path != nullptr ? kChunk / group : 1;
 #else
   constexpr int64_t tile_rows = 1;
@@ -499,8 +524,8 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
             qf[(r * heads + g) * head_size + d] = static_cast<float>(qs[d]) * scale;
         }
       const int32_t* table = tables + b * table_stride;
-      const scalar_t* k_head = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
-      const scalar_t* v_head = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
+      const cache_t* k_head = key_cache.data_ptr<cache_t>() + kv_head * key_cache.stride(1);
+      const cache_t* v_head = value_cache.data_ptr<cache_t>() + kv_head * value_cache.stride(1);
       // keys row t sees: [begin(its position + 1), its position + 1)
       const int64_t first_keys = lens[b] - q_len + (item.row0 - starts[b]) + 1;
       auto begin = [window](int64_t keys) { return window > 0 ? std::max<int64_t>(0, keys - window) : int64_t{0}; };
@@ -525,7 +550,7 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
                       ar, m.data() + r * heads, l.data() + r * heads);
           else
 #endif
-            attend_plain<scalar_t>(qr, heads, head_size, table, begin(first_keys + r),
+            attend_plain<cache_t>(qr, heads, head_size, table, begin(first_keys + r),
                                    first_keys + r, key_cache, value_cache, kv_head, softcap,
                                    scores.data(), ar, m.data() + r * heads, l.data() + r * heads);
         }
@@ -561,16 +586,23 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
   TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1, "key/value must be contiguous in head_size");
   TORCH_CHECK(key.size(1) == key_cache.size(1) && key.size(2) == key_cache.size(3),
               "key shape does not match the cache's heads/head_size");
-  TORCH_CHECK(key.scalar_type() == key_cache.scalar_type() &&
-                  value.scalar_type() == key_cache.scalar_type() &&
-                  value_cache.scalar_type() == key_cache.scalar_type(),
-              "key, value and caches must share one dtype");
+  TORCH_CHECK(value.scalar_type() == key.scalar_type() && value_cache.scalar_type() == key_cache.scalar_type() &&
+                  cache_types_match(key.scalar_type(), key_cache.scalar_type()),
+              "key and value must share one dtype, the caches another: the same, or bfloat16 or "
+              "float16 caches for float32 keys");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be a contiguous int64 tensor with one slot per token");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "reshape_and_cache", [&] {
-    reshape_and_cache_impl<scalar_t>(key, value, key_cache, value_cache, slot_mapping);
-  });
+  const at::ScalarType cache_type = key_cache.scalar_type();
+  if (cache_type == key.scalar_type()) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "reshape_and_cache", [&] {
+      reshape_and_cache_impl<scalar_t, scalar_t>(key, value, key_cache, value_cache, slot_mapping);
+    });
+  } else if (cache_type == at::kBFloat16) {
+    reshape_and_cache_impl<float, c10::BFloat16>(key, value, key_cache, value_cache, slot_mapping);
+  } else {
+    reshape_and_cache_impl<float, c10::Half>(key, value, key_cache, value_cache, slot_mapping);
+  }
 }
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -578,11 +610,20 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& query_start_loc, const at::Tensor& seq_lens, double scale,
                      int64_t window, double softcap) {
   // arguments checked by the dispatcher in bindings.cpp, shared with the CUDA kernel
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    paged_attention_impl<scalar_t>(out, query, key_cache, value_cache, block_tables, query_start_loc,
-                                   seq_lens, static_cast<float>(scale), window,
-                                   static_cast<float>(softcap));
-  });
+  const float scale_f = static_cast<float>(scale), softcap_f = static_cast<float>(softcap);
+  const at::ScalarType cache_type = key_cache.scalar_type();
+  if (cache_type == query.scalar_type()) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
+      paged_attention_impl<scalar_t, scalar_t>(out, query, key_cache, value_cache, block_tables,
+                                               query_start_loc, seq_lens, scale_f, window, softcap_f);
+    });
+  } else if (cache_type == at::kBFloat16) {
+    paged_attention_impl<float, c10::BFloat16>(out, query, key_cache, value_cache, block_tables,
+                                               query_start_loc, seq_lens, scale_f, window, softcap_f);
+  } else {
+    paged_attention_impl<float, c10::Half>(out, query, key_cache, value_cache, block_tables,
+                                           query_start_loc, seq_lens, scale_f, window, softcap_f);
+  }
 }
 
 }  // namespace pyserve::cpu

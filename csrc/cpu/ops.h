@@ -9,9 +9,17 @@
 
 namespace pyserve::cpu {
 
+// The KV cache's dtype beside keys and queries of `type`: the same, or, under float32, a
+// bfloat16 or float16 cache (--kv-cache-dtype), rounded to nearest even as it is written and
+// widened to float32 as attention reads it.
+inline bool cache_types_match(at::ScalarType type, at::ScalarType cache) {
+  return cache == type || (type == at::kFloat && (cache == at::kBFloat16 || cache == at::kHalf));
+}
+
 // Writes each new token's key/value into its slot of the paged cache.
 //   key, value:             [num_tokens, num_kv_heads, head_size]
-//   key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size]
+//   key_cache, value_cache: [num_blocks, num_kv_heads, block_size, head_size], key's dtype or
+//                           one cache_types_match allows
 //   slot_mapping:           [num_tokens] int64, slot = block_id * block_size + offset;
 //                           a negative slot skips the token (padding).
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,

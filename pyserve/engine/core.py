@@ -83,9 +83,10 @@ class EngineCore:
                     plan.architecture, plan.model_path, plan.weights, self.device,
                     time.perf_counter() - t0, self.executor.description, tp)
         bs = plan.block_size
-        logger.info("KV cache%s: %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
+        logger.info("KV cache%s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB, %d bytes/block); "
                     "max concurrency at %d tokens: %.1fx; block order: %s",
-                    " per rank" if tp > 1 else "", num_blocks, bs, num_blocks * bs,
+                    " per rank" if tp > 1 else "", str(plan.shard.cache_dtype).removeprefix("torch."),
+                    num_blocks, bs, num_blocks * bs,
                     num_blocks * plan.bytes_per_block / 1024**3, plan.bytes_per_block,
                     self.max_model_len, num_blocks / plan.blocks_per_sequence, plan.block_order)
         groups = plan.kv_groups

@@ -135,6 +135,20 @@ def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dty
     return rows
 
 
+def _kv_cache_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """--kv-cache-dtype: auto is the activations' dtype; a narrower cache only under float32
+    activations on the CPU, whose attention widens each key and value as it reads them (the
+    CUDA kernels read caches of the activations' dtype only)."""
+    if name == "auto":
+        return dtype
+    kv_dtype = getattr(torch, name)
+    if kv_dtype != dtype and (device.type != "cpu" or dtype != torch.float32):
+        raise ModelLoadError(f"--kv-cache-dtype {name}: a cache narrower than the activations "
+                             f"({str(dtype).removeprefix('torch.')}) runs on the CPU under "
+                             "float32 activations only; use --kv-cache-dtype auto")
+    return kv_dtype
+
+
 def _dtype_name(dtype: torch.dtype, weight_dtype: torch.dtype) -> str:
     name = lambda d: str(d).removeprefix("torch.")
     if weight_dtype == dtype:
@@ -201,6 +215,7 @@ def resolve(config: Config) -> EnginePlan:
                              "use --device cpu")
     dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
     block_size, sched = config.cache.block_size, config.scheduler
+    kv_dtype = _kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device)
     kv_groups = None
     if encoder:  # no KV cache: blocks only bound the tokens one step holds
         per_block = 0
@@ -210,7 +225,7 @@ def resolve(config: Config) -> EnginePlan:
         # a rank holds its stage's layers: the largest stage's bound the bytes per block
         per_block = KVLayout(largest_stage_layers(arch.num_layers, pp),
                              kv_heads_per_rank(arch.num_kv_heads, tp),
-                             arch.head_dim, dtype, kv_groups).bytes_per_block(block_size)
+                             arch.head_dim, kv_dtype, kv_groups).bytes_per_block(block_size)
         num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len, sequence_blocks(
             kv_groups, max_model_len, block_size, sched.max_num_batched_tokens))
     graph_sizes = ()
@@ -237,7 +252,8 @@ def resolve(config: Config) -> EnginePlan:
                       sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder,
                       pipeline_parallel_size=pp,
                       pipeline_micro_batches=config.parallel.pipeline_micro_batches,
-                      kv_groups=kv_groups, bf16_gemm=bf16_gemm)
+                      kv_groups=kv_groups, bf16_gemm=bf16_gemm,
+                      kv_dtype=None if kv_dtype == dtype else kv_dtype)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,

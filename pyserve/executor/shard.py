@@ -53,10 +53,15 @@ class ShardSpec:
     kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
     # steps of many rows: bfloat16 GEMMs from these rows (--dtype bfloat16, AMX or AVX-512 BF16)
     bf16_gemm: BF16GemmRows | None = None
+    kv_dtype: torch.dtype | None = None  # the KV cache's (--kv-cache-dtype); None: dtype
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
 
 def check_tensor_parallel(arch: ModelArch, size: int) -> None:
@@ -132,8 +137,8 @@ def kv_layout(spec: ShardSpec, tp_size: int, stage: PipelineStage = WHOLE_MODEL)
     """One rank's KV caches: its stage's layers, its share of the KV heads."""
     arch = spec.arch
     layers = sum(stage.owns_layer(i) for i in range(arch.num_layers))
-    return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim, spec.dtype,
-                    spec.kv_groups)
+    return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim,
+                    spec.cache_dtype, spec.kv_groups)
 
 
 def largest_stage_layers(num_layers: int, pp_size: int) -> int:

@@ -168,7 +168,7 @@ class EngineCollector:
         cache, core = self.core.config.cache, self.core
         info = {
             "block_size": str(cache.block_size),
-            "cache_dtype": "auto",  # the KV cache takes the model's dtype
+            "cache_dtype": cache.kv_cache_dtype,
             "enable_prefix_caching": str(cache.enable_prefix_caching),
             "gpu_memory_utilization": str(cache.gpu_memory_utilization),
             "kv_cache_memory_bytes": str(cache.kv_cache_memory),
