@@ -82,8 +82,9 @@ class SpeculativeConfig:
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 1
+    # vLLM's defaults: 5 and 5 with neither given, else the one given for the other
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 5
     # vLLM's key: no proposals while more requests than this run (None: at any batch size)
     disable_by_batch_size: int | None = DEFAULT_SPEC_BATCH_LIMIT
     model: str | None = None  # draft_model: the draft's directory or .gguf file
@@ -125,8 +126,10 @@ class SpeculativeConfig:
             # 16 at most: csrc/cpu/attention.cpp computes verify steps of up to 17 rows row by
             # row, as decode steps are, so that speculation never changes greedy output
             raise ConfigError("--speculative-config: num_speculative_tokens must be 1 to 16")
-        hi = value.get("prompt_lookup_max", value.get("prompt_lookup_min", 4))
-        lo = value.get("prompt_lookup_min", min(hi, 1) if isinstance(hi, int) else 1)
+        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = SpeculativeConfig.prompt_lookup_min
+        lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
             raise ConfigError("--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max")
         limit = value.get("disable_by_batch_size", DEFAULT_SPEC_BATCH_LIMIT)

@@ -29,7 +29,7 @@ HONOURED_EXAMPLES = {
                                      (("temperature", 0.5), ("top_p", 0.9))),
     "--max-logprobs": (["--max-logprobs", "-1"], -1),
     "--speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
-                             SpeculativeConfig("ngram", 3, 4, 1, 4)),
+                             SpeculativeConfig("ngram", 3, 5, 5, 4)),
     "--pooler-config": (["--pooler-config", '{"pooling_type": "MEAN", "normalize": false}'],
                         PoolerConfig("MEAN", False)),
     "--download-dir": (["--download-dir", "{dir}"], "{dir}"),

@@ -126,6 +126,12 @@ def test_a_request_opts_out_or_caps_its_drafts(pair):
 def test_the_config_is_vllms_json():
     assert SpeculativeConfig.from_json(NGRAM) == SpeculativeConfig("ngram", 4, 4, 2, None)
     assert SpeculativeConfig.from_json({"num_speculative_tokens": 2}).disable_by_batch_size == 4
+    # vLLM's lookup lengths: 5 to 5 with neither given, else the one given for both
+    for given, want in (({}, (5, 5)), ({"prompt_lookup_max": 3}, (3, 3)),
+                        ({"prompt_lookup_min": 2}, (2, 2)),
+                        ({"prompt_lookup_min": 2, "prompt_lookup_max": 6}, (2, 6))):
+        spec = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 2, **given})
+        assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == want
     draft = SpeculativeConfig.from_json({"model": "/d", "num_speculative_tokens": 3})
     assert (draft.method, draft.model, draft.num_speculative_tokens) == ("draft_model", "/d", 3)
     for bad in ({"method": "eagle", "model": "x", "num_speculative_tokens": 2},
