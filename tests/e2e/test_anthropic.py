@@ -40,7 +40,9 @@ def client(server):
 
 def test_a_plain_message(client):
     out = client.messages.create(model=MODEL, max_tokens=16, messages=ASK, extra_body=GREEDY,
-                                 system="You are brief.", metadata={"user_id": "tester"})
+                                 system=[{"type": "text", "text": "You are brief.",
+                                          "cache_control": {"type": "ephemeral"}}],
+                                 metadata={"user_id": "tester"}, inference_geo="us")
     assert out.type == "message" and out.role == "assistant" and out.model == MODEL
     assert out.id.startswith("msg_")
     assert [b.type for b in out.content] == ["text"] and out.content[0].text.strip()
@@ -48,6 +50,12 @@ def test_a_plain_message(client):
     assert out.usage.input_tokens > 0 and 0 < out.usage.output_tokens <= 16
     counted = client.messages.count_tokens(model=MODEL, messages=ASK, system="You are brief.")
     assert counted.input_tokens == out.usage.input_tokens
+    # consecutive user turns are one turn, as Anthropic combines them
+    split = [{"role": "user", "content": "Name three"}, {"role": "user", "content": "colours."}]
+    joined = [{"role": "user", "content": [{"type": "text", "text": "Name three"},
+                                           {"type": "text", "text": "colours."}]}]
+    assert (client.messages.count_tokens(model=MODEL, messages=split).input_tokens
+            == client.messages.count_tokens(model=MODEL, messages=joined).input_tokens)
 
 
 def test_max_tokens_ends_the_message(client):

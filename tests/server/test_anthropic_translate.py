@@ -93,6 +93,26 @@ def test_an_assistant_turn_of_tool_calls_only():
     assert template_messages({"messages": got})[1]["content"] == ""
 
 
+def test_consecutive_turns_of_one_role_are_combined():
+    # Anthropic combines consecutive user (or assistant) turns into one turn
+    got = body(messages=[*USER, {"role": "user", "content": [{"type": "text", "text": "There"}]},
+                         {"role": "assistant", "content": "Hello"},
+                         {"role": "assistant", "content": [
+                             {"type": "tool_use", "id": "t", "name": "add", "input": {}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+                         {"role": "user", "content": "Thanks"}])["messages"]
+    assert [m["role"] for m in got] == ["user", "assistant", "tool", "user"]
+    assert got[0]["content"] == [{"type": "text", "text": "Hi"}, {"type": "text", "text": "There"}]
+    assert got[1]["content"] == [{"type": "text", "text": "Hello"}]
+    assert [c["id"] for c in got[1]["tool_calls"]] == ["t"]
+    assert template_messages({"messages": got})[0] == {"role": "user", "content": "Hi\nThere"}
+    prefill = body(messages=[*USER, {"role": "assistant", "content": "A"},
+                             {"role": "assistant", "content": "B"}])
+    assert prefill["messages"][1]["content"] == [{"type": "text", "text": "A"},
+                                                 {"type": "text", "text": "B"}]
+    assert prefill["continue_final_message"] is True
+
+
 def test_a_final_assistant_message_is_continued():
     got = body(messages=[*USER, {"role": "assistant", "content": "The answer is"}])
     assert got["continue_final_message"] is True and got["add_generation_prompt"] is False
@@ -213,6 +233,7 @@ def test_pyserve_extras_pass_through():
     assert got["structured_outputs"] == {"regex": "a+"} and got["seed"] == 3
     assert got["min_p"] == 0.1 and got["repetition_penalty"] == 1.1
     assert "metadata" not in body(metadata={"user_id": "u"})
+    assert "inference_geo" not in body(inference_geo="us")  # where it runs: here
 
 
 def test_count_tokens_body():

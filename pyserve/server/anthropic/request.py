@@ -6,6 +6,8 @@
                                           blocks -> its tool_calls (arguments as JSON text); a
                                           user's tool_result blocks -> role "tool" messages
                                           (tool_call_id), in order with its text
+    consecutive turns of one role         one turn, as Anthropic combines them (parts and
+                                          tool_calls joined)
     a final assistant message             a prefill: continue_final_message, no generation prompt
     max_tokens (required)                 max_tokens
     stop_sequences                        stop
@@ -17,7 +19,7 @@
     thinking                              absent or disabled only (no thinking budget here)
     metadata, service_tier, speed,        accepted: they change nothing (cache_control on a
     user_profile_id, workspace_id,        block too: prefix caching here is automatic)
-    cache_control
+    inference_geo, cache_control
 
 pyserve's own sampling and structured-output fields (vLLM's extras, e.g. `structured_outputs`)
 pass through with their chat meaning. Anything else is a 400 naming it: images and documents
@@ -36,7 +38,8 @@ from pyserve.server.values import brief, field
 # vLLM's extras to the chat request, read by the chat path as on /v1/chat/completions
 PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "presence_penalty",
                "frequency_penalty", "min_tokens", "chat_template_kwargs")
-NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "cache_control")
+NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "inference_geo",
+             "cache_control")
 _PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
                   "speed", "user_profile_id", "workspace_id"}
 FIELDS = {
@@ -151,6 +154,25 @@ def _turn(i: int, message) -> list[dict]:
     return out
 
 
+def _parts(content) -> list[dict]:
+    """A chat message's content as text parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return content or []
+
+
+def _extend(chat: list[dict], turn: list[dict]) -> None:
+    """Appends a turn's chat messages; one that follows a message of its own role (user or
+    assistant) joins it, as Anthropic combines consecutive turns of one role."""
+    role = turn[0]["role"]
+    if chat and chat[-1]["role"] == role and role in ("user", "assistant"):
+        last, first = chat[-1], turn.pop(0)
+        last["content"] = _parts(last["content"]) + _parts(first["content"])
+        if first.get("tool_calls"):
+            last["tool_calls"] = last.get("tool_calls", []) + first["tool_calls"]
+    chat += turn
+
+
 def _tools(tools) -> list[dict]:
     if not isinstance(tools, list):
         _fail("tools", "must be a list")
@@ -218,7 +240,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     if system is not None and system != "" and system != []:
         chat.append({"role": "system", "content": _text_parts(system, "system")})
     for i, message in enumerate(messages):
-        chat += _turn(i, message)
+        _extend(chat, _turn(i, message))
     # reasoning (with --reasoning-parser) has no place in an answer without thinking blocks
     body: dict = {"model": model, "messages": chat, "include_reasoning": False}
     if messages[-1].get("role") == "assistant":  # Anthropic's prefill: the answer continues it
