@@ -53,8 +53,8 @@ void check_paged_attention(const at::Tensor& out, const at::Tensor& query, const
   TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(out.scalar_type() == query.scalar_type() && value_cache.scalar_type() == key_cache.scalar_type() &&
                   cpu::cache_types_match(query.scalar_type(), key_cache.scalar_type()),
-              "query and out must share one dtype, the caches another: the same, or bfloat16 or "
-              "float16 caches for a float32 query");
+              "query and out must share one dtype, the caches another: the same, or bfloat16, "
+              "float16 or float8_e5m2 caches for a float32 query");
   for (const at::Tensor* t : {&out, &key_cache, &value_cache, &block_tables, &query_start_loc, &seq_lens})
     TORCH_CHECK(t->device() == query.device(), "paged_attention: all tensors must be on one device");
   for (const at::Tensor* t : {&block_tables, &query_start_loc, &seq_lens})

@@ -187,10 +187,11 @@ def _cache_flags(g) -> None:
                    "is evicted, which keeps the most prefixes and writes the whole cache. auto: "
                    "resident on the CPU, lru on a GPU (whose cache memory is reserved anyway)")
     g.add_argument("--kv-cache-dtype", default="auto",
-                   help=f"{' | '.join(KV_CACHE_DTYPES)}: the KV cache's dtype. auto: the activations' (float32 on the CPU, "
-                   "bitwise transformers); bfloat16 or float16: half the cache's bytes, which "
-                   "attention reads every step, rounded as they are written (CPU, float32 "
-                   "activations; not bitwise; fp8 is not implemented)")
+                   help=f"{' | '.join(KV_CACHE_DTYPES)}: the KV cache's dtype. auto: the "
+                   "activations' (float32 on the CPU, bitwise transformers); bfloat16 or float16: "
+                   "half the cache's bytes, which attention reads every step, rounded as they are "
+                   "written; fp8 (every fp8 is e5m2, as in vLLM's CPU backend): a quarter (CPU, "
+                   "float32 activations; not bitwise)")
     g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="keep every layer's KV for the whole context; by default the blocks "
                    "of sliding-window layers (Gemma 2/3, Mistral) that fall out of the window "

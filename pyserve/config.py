@@ -17,7 +17,9 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 GGUF_ACTIVATIONS = ("float32", "int8")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")  # vLLM's names; its fp8 ones are not built
+# vLLM's names (float16 is llama.cpp's default cache type): every fp8 is e5m2 on the CPU, as
+# in vLLM's CPU backend; fp8_inc and fp8_ds_mla are not built
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e5m2", "fp8_e4m3")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen3_xml",
                      "qwen3_coder")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
@@ -59,8 +61,8 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes; None: 4 GiB on the CPU, measured on a GPU
     enable_prefix_caching: bool = True
     kv_block_order: str = "auto"  # "resident" on the CPU, "lru" on a GPU (see --kv-block-order)
-    # "auto": the activations' dtype; "bfloat16" / "float16": a 16-bit cache under float32
-    # activations on the CPU (half the bytes attention reads; not bitwise float32)
+    # "auto": the activations' dtype; "bfloat16" / "float16" / "fp8*": a 16- or 8-bit cache
+    # under float32 activations on the CPU (fewer bytes for attention to read; not bitwise)
     kv_cache_dtype: str = "auto"
     # one block table for every layer, even where sliding-window layers could free blocks
     # (kv/groups.py)
@@ -319,7 +321,7 @@ def validate(config: Config) -> None:
     need(c.kv_block_order in ("auto", "resident", "lru"), "--kv-block-order",
          "must be auto, resident or lru")
     need(c.kv_cache_dtype in KV_CACHE_DTYPES, "--kv-cache-dtype",
-         f"must be one of {', '.join(KV_CACHE_DTYPES)} (fp8 caches are not implemented)")
+         f"must be one of {', '.join(KV_CACHE_DTYPES)}")
     need(s.max_num_seqs is None or s.max_num_seqs > 0, "--max-num-seqs", "must be positive")
     need(s.max_num_batched_tokens is None or s.max_num_batched_tokens > 0, "--max-num-batched-tokens",
          "must be positive")

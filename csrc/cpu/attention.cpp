@@ -588,8 +588,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
               "key shape does not match the cache's heads/head_size");
   TORCH_CHECK(value.scalar_type() == key.scalar_type() && value_cache.scalar_type() == key_cache.scalar_type() &&
                   cache_types_match(key.scalar_type(), key_cache.scalar_type()),
-              "key and value must share one dtype, the caches another: the same, or bfloat16 or "
-              "float16 caches for float32 keys");
+              "key and value must share one dtype, the caches another: the same, or bfloat16, "
+              "float16 or float8_e5m2 caches for float32 keys");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be a contiguous int64 tensor with one slot per token");
@@ -600,6 +600,8 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
     });
   } else if (cache_type == at::kBFloat16) {
     reshape_and_cache_impl<float, c10::BFloat16>(key, value, key_cache, value_cache, slot_mapping);
+  } else if (cache_type == at::kFloat8_e5m2) {
+    reshape_and_cache_impl<float, c10::Float8_e5m2>(key, value, key_cache, value_cache, slot_mapping);
   } else {
     reshape_and_cache_impl<float, c10::Half>(key, value, key_cache, value_cache, slot_mapping);
   }
@@ -620,6 +622,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   } else if (cache_type == at::kBFloat16) {
     paged_attention_impl<float, c10::BFloat16>(out, query, key_cache, value_cache, block_tables,
                                                query_start_loc, seq_lens, scale_f, window, softcap_f);
+  } else if (cache_type == at::kFloat8_e5m2) {
+    paged_attention_impl<float, c10::Float8_e5m2>(out, query, key_cache, value_cache, block_tables,
+                                                  query_start_loc, seq_lens, scale_f, window, softcap_f);
   } else {
     paged_attention_impl<float, c10::Half>(out, query, key_cache, value_cache, block_tables,
                                            query_start_loc, seq_lens, scale_f, window, softcap_f);

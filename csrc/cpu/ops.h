@@ -10,10 +10,11 @@
 namespace pyserve::cpu {
 
 // The KV cache's dtype beside keys and queries of `type`: the same, or, under float32, a
-// bfloat16 or float16 cache (--kv-cache-dtype), rounded to nearest even as it is written and
-// widened to float32 as attention reads it.
+// bfloat16, float16 or float8 e5m2 cache (--kv-cache-dtype), rounded to nearest even as it is
+// written (c10's conversions, torch's own) and widened to float32 as attention reads it.
 inline bool cache_types_match(at::ScalarType type, at::ScalarType cache) {
-  return cache == type || (type == at::kFloat && (cache == at::kBFloat16 || cache == at::kHalf));
+  return cache == type || (type == at::kFloat && (cache == at::kBFloat16 || cache == at::kHalf ||
+                                                  cache == at::kFloat8_e5m2));
 }
 
 // Writes each new token's key/value into its slot of the paged cache.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #if defined(__AVX512F__)
@@ -30,6 +31,11 @@ inline vec load(const c10::BFloat16* p) {
 }
 inline vec load(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline vec load(const c10::Float8_e5m2* p) {
+  // float8 e5m2 is the top byte of a float16: widen, shift into place, convert
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8));
 }
 inline vec set1(float v) { return _mm512_set1_ps(v); }
 inline vec zero() { return _mm512_setzero_ps(); }
@@ -59,6 +65,10 @@ inline vec load(const c10::BFloat16* p) {
 }
 inline vec load(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline vec load(const c10::Float8_e5m2* p) {
+  __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(raw), 8));
 }
 inline vec set1(float v) { return _mm256_set1_ps(v); }
 inline vec zero() { return _mm256_setzero_ps(); }

@@ -54,7 +54,7 @@ class EngineCore:
         self.plan = plan
         self.config = config = plan.config
         self.device = torch.device(plan.device)
-        self.dtype = plan.shard.dtype  # activations and the KV cache
+        self.dtype = plan.shard.dtype  # activations (the KV cache: plan.shard.cache_dtype)
         self.model_name = plan.model_name
         self.model_path = plan.model_path
         self.vocab_size = plan.vocab_size

@@ -135,13 +135,21 @@ def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dty
     return rows
 
 
+_KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": torch.float8_e5m2,
+                    "fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e5m2}
+
+
 def _kv_cache_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """--kv-cache-dtype: auto is the activations' dtype; a narrower cache only under float32
     activations on the CPU, whose attention widens each key and value as it reads them (the
-    CUDA kernels read caches of the activations' dtype only)."""
+    CUDA kernels read caches of the activations' dtype only). Every fp8 is e5m2 there, which
+    needs no scales, as in vLLM's CPU backend (which also turns fp8_e4m3 into it)."""
     if name == "auto":
         return dtype
-    kv_dtype = getattr(torch, name)
+    kv_dtype = _KV_CACHE_DTYPES[name]
+    if name == "fp8_e4m3" and device.type == "cpu":
+        logger.warning("--kv-cache-dtype fp8_e4m3: the CPU keeps fp8 caches in e5m2 (no scales "
+                       "needed), as vLLM's CPU backend does")
     if kv_dtype != dtype and (device.type != "cpu" or dtype != torch.float32):
         raise ModelLoadError(f"--kv-cache-dtype {name}: a cache narrower than the activations "
                              f"({str(dtype).removeprefix('torch.')}) runs on the CPU under "

@@ -1,4 +1,4 @@
-"""A bfloat16 or float16 KV cache under float32 activations (--kv-cache-dtype): keys and
+"""A bfloat16, float16 or float8 e5m2 KV cache under float32 activations (--kv-cache-dtype): keys and
 values are rounded as torch rounds them when written, and attention over the narrow cache is
 bitwise attention over a float32 cache holding the rounded values, on every path (decode
 rows, verify rows, prefill tiles, the plain loop, windows and softcapping)."""
@@ -9,7 +9,7 @@ import torch
 from pyserve import _native
 from tests.kernels.test_attention import make_batch
 
-NARROW = [torch.bfloat16, torch.float16]
+NARROW = [torch.bfloat16, torch.float16, torch.float8_e5m2]
 
 
 @pytest.mark.parametrize("cache_dtype", NARROW)
@@ -19,7 +19,8 @@ def test_the_cache_holds_keys_rounded_as_torch_rounds_them(cache_dtype):
     # values near the narrow types' rounding ties and limits, besides ordinary ones
     key = torch.randn(tokens, heads, d, generator=gen) * torch.logspace(-6, 4, d)
     value = torch.randn(tokens, heads, d, generator=gen)
-    value[0, 0, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, -(1 + 3 * 2**-11)])
+    value[0, 0, :6] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, -(1 + 3 * 2**-11), 1 + 2**-3,
+                                    -(1 + 3 * 2**-3)])
     slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
     kc = torch.zeros(blocks, heads, block_size, d, dtype=cache_dtype)
     vc = torch.zeros_like(kc)
