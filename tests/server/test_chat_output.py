@@ -63,6 +63,12 @@ def test_required_and_named():
     assert out.finish_reason("stop") == "tool_calls"
     _, calls = streamed(make("required"), text)
     assert calls == [{"name": "g", "arguments": '{"y": 2}'}]
+    # a list cut short (max_tokens) is neither calls nor content, as vLLM answers
+    cut = make("required")
+    assert cut.whole(text[:-9]) == {"content": "", "tool_calls": []}
+    assert cut.finish_reason("length") == "length"
+    merged, calls = streamed(make("required"), text[:-9])
+    assert calls == [] and not merged.get("content")
     named = make("named", name="f")
     assert named.whole('{"a": 1}')["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
     assert named.finish_reason("stop") == "stop"  # OpenAI's for a named function

@@ -5,7 +5,8 @@ through the tool-call handling of the request's mode:
 
     none       the answer is content
     named      the grammar made the whole answer the named function's arguments
-    required   the grammar made it a JSON list of {"name", "parameters"}
+    required   the grammar made it a JSON list of {"name", "parameters"}; never content, and
+               no calls where the list is cut short (max_tokens), as vLLM answers
     auto       --tool-call-parser finds calls in the model's own text
 
 Whole responses use whole(); streams call delta() per piece and finish() at the end, and the
@@ -68,8 +69,7 @@ class ChoiceOutput:
         if self.mode == "named":
             calls, content = [_call(self.forced_name, answer)], ""
         elif self.mode == "required":
-            calls = _required_calls(answer)
-            content = "" if calls else answer
+            calls, content = _required_calls(answer), ""
         elif self.mode == "auto":
             found = self.tools.extract(answer)
             if found.tools_called:
@@ -110,8 +110,6 @@ class ChoiceOutput:
             if calls:
                 self.tools_called = True
                 merge_delta(merged, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-            elif self._answer:
-                merge_delta(merged, {"content": self._answer})
         return merged
 
     def _from_reasoning(self, fragments: list[dict]) -> dict:
