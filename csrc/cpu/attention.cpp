@@ -21,6 +21,10 @@
 // masked; window <= 0 is global attention. softcap > 0 maps each scaled score s to
 // softcap * tanh(s / softcap) before the softmax (the one-row paths only: the tile path is not
 // taken then).
+//
+// Under a float32 query the cache may be narrower (bfloat16, float16, float8 e5m2:
+// --kv-cache-dtype): every path widens each key and value to float32 as it loads it and then
+// sums exactly as over a float32 cache holding those values.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -241,7 +245,7 @@ void attend_tile(const float* qf, int64_t rows, int64_t group, const int64_t* ro
       else
         score_chunk(kb, token_stride);
     } else {
-      // a 16-bit cache: the chunk's keys widened to float32 once, so that each broadcast
+      // a narrower cache: the chunk's keys widened to float32 once, so that each broadcast
       // above stays one load from memory rather than a scalar conversion per FMA
       alignas(64) float wide[kChunk * D];
       for (int j = 0; j < kChunk; ++j)
@@ -348,7 +352,7 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
   const scalar_t* kc = key_cache.data_ptr<scalar_t>() + kv_head * key_cache.stride(1);
   const scalar_t* vc = value_cache.data_ptr<scalar_t>() + kv_head * value_cache.stride(1);
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  // A 16-bit cache's rows (under a float32 query) are widened before the float32 loops, so that
+  // A narrower cache's rows (under a float32 query) are widened before the float32 loops, so that
   // the sums run in the order they take over a float32 cache holding the same values.
   std::vector<float> wide(std::is_same_v<scalar_t, float> ? 0 : head_size);
   auto row = [&](const scalar_t* r) {
@@ -393,8 +397,8 @@ void attend_plain(const float* qf, int64_t group, int64_t head_size, const int32
   }
 }
 
-// scalar_t: query and output; cache_t: the KV cache, the same or a 16-bit type under a float32
-// query (--kv-cache-dtype), widened to float32 as it is loaded
+// scalar_t: query and output; cache_t: the KV cache, the same or a 16- or 8-bit type under a
+// float32 query (--kv-cache-dtype, cache_types_match), widened to float32 as it is loaded
 template <typename scalar_t, typename cache_t>
 void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                           const at::Tensor& value_cache, const at::Tensor& block_tables,
