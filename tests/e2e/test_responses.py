@@ -172,6 +172,19 @@ def test_max_output_tokens_is_incomplete(client):
     assert events[-1].response.output_text == r.output_text
 
 
+def test_what_the_agents_sdk_sends(client):
+    """openai-agents sends include and tools even when empty, and text with only a verbosity;
+    clients turn obfuscation off with stream_options. The echo fills in what OpenAI's does."""
+    kw = dict(include=[], tools=[], text={"verbosity": "low"}, metadata={"run": "2"},
+              safety_identifier="s", prompt_cache_key="k", extra_body=scripted(PARIS))
+    r = ask(client, **kw)
+    assert r.output_text == PARIS and r.text.format.type == "text" and r.text.verbosity == "low"
+    assert (r.safety_identifier, r.prompt_cache_key) == ("s", "k") and r.completed_at >= r.created_at
+    events = list(ask(client, stream=True, stream_options={"include_obfuscation": False}, **kw))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == PARIS
+    assert events[0].response.completed_at is None and events[-1].response.text.format.type == "text"
+
+
 def test_delete_then_get_is_404(client):
     r = ask(client, max_output_tokens=4)
     assert client.responses.delete(r.id) is None
@@ -191,6 +204,8 @@ def test_delete_then_get_is_404(client):
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]),
      400, "input"),
     (dict(model="no-such-model"), 404, "model"),
+    (dict(metadata={"run": 1}), 400, "metadata"),  # OpenAI's metadata values are strings
+    (dict(include=["message.output_text.bogus"]), 400, "include"),
     # tools without tool_choice mean "auto", which needs --enable-auto-tool-choice (as on chat)
     (dict(tools=[ADD]), 400, "tool_choice"),
 ])

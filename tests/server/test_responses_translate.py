@@ -124,10 +124,32 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
      "input_image"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "role"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input", "call_id"),
+    # OpenAI's (and vLLM's) field types, not echoed back as sent
+    ({"input": "x", "metadata": {"n": 1}}, "metadata", "string"),
+    ({"input": "x", "metadata": "m"}, "metadata", "object"),
+    ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", "16"),
+    ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata", "512"),
+    ({"input": "x", "user": 5}, "user", "user"),
+    ({"input": "x", "include": ["bogus"]}, "include", "bogus"),
+    ({"input": "x", "stream": True, "stream_options": {"include_usage": True}}, "stream_options",
+     "include_obfuscation"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input", "text string"),
 ])
 def test_refusals_name_the_field(body, param, words):
     error = refused(body)
     assert error.param == param and words in error.message, error.message
+
+
+def test_what_the_agents_sdk_sends_is_accepted():
+    """openai-agents sends include and tools as lists even when empty, text with only a
+    verbosity, and clients turn obfuscation off with stream_options; none of it asks for
+    output pyserve lacks."""
+    chat, _ = chat_body({"input": "x", "include": [], "tools": [], "text": {"verbosity": "low"},
+                         "stream": True, "stream_options": {"include_obfuscation": False},
+                         "metadata": {"run": "1"}, "user": "u", "safety_identifier": "s",
+                         "prompt_cache_key": "k"}, [])
+    assert "tools" not in chat and "response_format" not in chat and chat["stream"] is True
+    chat_body({"input": "x", "include": ["reasoning.encrypted_content"]}, [])  # no reasoning items
 
 
 # -- chat answers -> response objects ---------------------------------------------------------
@@ -157,6 +179,17 @@ def test_a_completion_becomes_a_response_the_sdk_validates():
     assert response.temperature == 0.7 and response.tool_choice == "auto" and response.tools[0].name == "add"
     assert response.metadata == {"k": "v"} and response.error is None
     assert response.incomplete_details is None and response.parallel_tool_calls is True
+
+
+def test_the_echo_fills_what_openai_fills():
+    out = turn(text={"verbosity": "low"}, safety_identifier="s", prompt_cache_key="k").from_completion(
+        completion({"content": "a"}))
+    response = sdk.Response.model_validate(out)
+    assert out["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert (response.safety_identifier, response.prompt_cache_key) == ("s", "k")
+    assert response.completed_at >= response.created_at
+    cut = turn().from_completion(completion({"content": "a"}, "length"))
+    assert cut["completed_at"] is None  # only a completed response has one
 
 
 def test_length_is_incomplete_and_an_empty_answer_is_an_empty_message():

@@ -54,6 +54,9 @@ class Turn:
         self.id = _id("resp_")
         self.created_at = int(time.time())
         choice = body.get("tool_choice")
+        text = dict(body.get("text") or {})
+        if text.get("format") is None:  # OpenAI's echo names the plain format
+            text["format"] = {"type": "text"}
         self.echo = {
             "model": model, "instructions": body.get("instructions"),
             "max_output_tokens": field(body, "max_output_tokens", int),
@@ -64,14 +67,16 @@ class Turn:
             # the effective values: the request's, else the model's generation defaults
             "temperature": field(body, "temperature", float, defaults.get("temperature", 1.0)),
             "top_p": field(body, "top_p", float, defaults.get("top_p", 1.0)),
-            "text": body.get("text") or {"format": {"type": "text"}},
+            "text": text,
             "tool_choice": choice if choice is not None else "auto",
             "tools": body.get("tools") or [], "truncation": "disabled",
-            "user": body.get("user"), "background": False}
+            "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
+            "prompt_cache_key": body.get("prompt_cache_key"), "background": False}
 
     def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
                  error: dict | None = None) -> dict:
         return {"id": self.id, "object": "response", "created_at": self.created_at,
+                "completed_at": int(time.time()) if status == "completed" else None,
                 "status": status, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 **self.echo, "output": output,

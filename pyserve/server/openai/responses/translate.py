@@ -45,15 +45,25 @@ IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperatu
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
                   "request_id"}
-# accepted; they change nothing in the output (metadata and user are echoed)
-NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
+# accepted; they change nothing in the output (metadata, user, safety_identifier and
+# prompt_cache_key are echoed); stream_options holds only include_obfuscation, and pyserve's
+# events never carry an obfuscation field
+NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
+             "stream_options"}
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
 REFUSED_UNLESS_DEFAULT = {"reasoning": None, "truncation": "disabled", "background": False,
                           "top_logprobs": 0, "max_tool_calls": None, "prompt": None,
-                          "conversation": None, "stream_options": None,
+                          "conversation": None,
                           "prompt_cache_retention": None, "context_management": None}
-# include values that would add output pyserve does not produce
+# OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
+# ask for nothing, and the refused ones would add output pyserve does not produce
+INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+            "message.input_image.image_url", "computer_call_output.output.image_url",
+            "code_interpreter_call.outputs", "reasoning.encrypted_content",
+            "message.output_text.logprobs")
 REFUSED_INCLUDES = {"message.output_text.logprobs"}
+# OpenAI's bounds on metadata
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 TEXT_PARTS = ("input_text", "output_text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 # a chat-path error's param -> the Responses field it came from
@@ -74,10 +84,38 @@ def check_fields(body: dict) -> None:
     if include is not None:
         if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
             raise APIError(400, "include must be a list of strings", "include")
+        unknown = [i for i in include if i not in INCLUDES]
+        if unknown:
+            raise APIError(400, f"include value {brief(unknown[0])} is not one of {', '.join(INCLUDES)}",
+                           "include")
         refused = sorted(set(include) & REFUSED_INCLUDES)
         if refused:
             raise APIError(400, f"include {', '.join(refused)} is not supported by this server",
                            "include")
+    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
+        field(body, name, str)  # echoed (or read) as strings
+    _check_metadata(body.get("metadata"))
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_obfuscation"}
+                                or not isinstance(options.get("include_obfuscation", False), bool)):
+        raise APIError(400, "stream_options may hold only include_obfuscation (a boolean)",
+                       "stream_options")
+
+
+def _check_metadata(metadata) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise APIError(400, "metadata must be an object of string values", "metadata")
+    if len(metadata) > METADATA_PAIRS:
+        raise APIError(400, f"metadata may hold at most {METADATA_PAIRS} pairs, got {len(metadata)}",
+                       "metadata")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise APIError(400, f"metadata[{brief(key)}] must be a string, got {brief(value)}", "metadata")
+        if len(key) > METADATA_KEY or len(value) > METADATA_VALUE:
+            raise APIError(400, f"metadata keys may be at most {METADATA_KEY} characters and values "
+                           f"at most {METADATA_VALUE}", "metadata")
 
 
 def _text(content, where: str) -> str:
@@ -88,9 +126,11 @@ def _text(content, where: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if kind not in TEXT_PARTS:
             raise APIError(400, f"{where}: content part type {brief(kind)} is not supported; only "
                            "input_text and output_text parts are", "input")
+        if not isinstance(part.get("text"), str):
+            raise APIError(400, f"{where}: an {kind} part needs a text string", "input")
         texts.append(part["text"])
     return "\n".join(texts)
 
