@@ -579,6 +579,18 @@ void paged_attention_impl(at::Tensor& out, const at::Tensor& query, const at::Te
   }
 }
 
+// f(cache_t{}) for a cache narrower than its float32 keys: one of the types cache_types_match
+// allows besides float32 itself (checked by the callers)
+template <typename F>
+void with_narrow_cache(at::ScalarType cache_type, F&& f) {
+  if (cache_type == at::kBFloat16)
+    f(c10::BFloat16{});
+  else if (cache_type == at::kHalf)
+    f(c10::Half{});
+  else
+    f(c10::Float8_e5m2{});
+}
+
 }  // namespace
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
@@ -602,12 +614,10 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "reshape_and_cache", [&] {
       reshape_and_cache_impl<scalar_t, scalar_t>(key, value, key_cache, value_cache, slot_mapping);
     });
-  } else if (cache_type == at::kBFloat16) {
-    reshape_and_cache_impl<float, c10::BFloat16>(key, value, key_cache, value_cache, slot_mapping);
-  } else if (cache_type == at::kFloat8_e5m2) {
-    reshape_and_cache_impl<float, c10::Float8_e5m2>(key, value, key_cache, value_cache, slot_mapping);
   } else {
-    reshape_and_cache_impl<float, c10::Half>(key, value, key_cache, value_cache, slot_mapping);
+    with_narrow_cache(cache_type, [&](auto narrow) {
+      reshape_and_cache_impl<float, decltype(narrow)>(key, value, key_cache, value_cache, slot_mapping);
+    });
   }
 }
 
@@ -623,15 +633,11 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
       paged_attention_impl<scalar_t, scalar_t>(out, query, key_cache, value_cache, block_tables,
                                                query_start_loc, seq_lens, scale_f, window, softcap_f);
     });
-  } else if (cache_type == at::kBFloat16) {
-    paged_attention_impl<float, c10::BFloat16>(out, query, key_cache, value_cache, block_tables,
-                                               query_start_loc, seq_lens, scale_f, window, softcap_f);
-  } else if (cache_type == at::kFloat8_e5m2) {
-    paged_attention_impl<float, c10::Float8_e5m2>(out, query, key_cache, value_cache, block_tables,
-                                                  query_start_loc, seq_lens, scale_f, window, softcap_f);
   } else {
-    paged_attention_impl<float, c10::Half>(out, query, key_cache, value_cache, block_tables,
-                                           query_start_loc, seq_lens, scale_f, window, softcap_f);
+    with_narrow_cache(cache_type, [&](auto narrow) {
+      paged_attention_impl<float, decltype(narrow)>(out, query, key_cache, value_cache, block_tables,
+                                                    query_start_loc, seq_lens, scale_f, window, softcap_f);
+    });
   }
 }
 
