@@ -2,6 +2,8 @@
 // reaches them only through pyserve/_native.py.
 #include <torch/extension.h>
 
+#include <omp.h>
+
 #include <array>
 
 #include "comm/shm_communicator.h"
@@ -16,6 +18,19 @@
 
 namespace pyserve {
 namespace {
+
+// The calling thread's parallel regions run on at most `threads` threads (its own OpenMP
+// thread count; torch's process-wide count, and so the model thread's, stays); returns the
+// count it had. libgomp spins at a team's barriers only while it manages no more threads than
+// the machine has CPUs; one more team (say the event loop's, made by a large index op while
+// preparing a step) and every team sleeps and is woken through the kernel at every region,
+// which cost Gemma 3's W2 a futex sleep per region of each step's few hundred.
+int64_t limit_parallel_regions(int64_t threads) {
+  TORCH_CHECK(threads > 0, "limit_parallel_regions: threads must be positive");
+  const int64_t before = at::get_num_threads();  // torch's per-thread set-up first: later, it would undo this
+  omp_set_num_threads(static_cast<int>(threads));
+  return before;
+}
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_mapping) {
@@ -171,6 +186,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),
         py::arg("type"), py::arg("int8_activations") = false, py::call_guard<py::gil_scoped_release>());
   m.def("int8_dot_supported", &pyserve::cpu::int8_dot_supported);
+  m.def("limit_parallel_regions", &pyserve::limit_parallel_regions, py::arg("threads"));
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
   py::class_<pyserve::cpu::PackedLinear>(m, "PackedLinear")

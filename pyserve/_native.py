@@ -24,6 +24,7 @@ unpack_linear_weight = _C.unpack_linear_weight
 pack_gguf_weight = _C.pack_gguf_weight
 packed_rows = _C.packed_rows
 int8_dot_supported = _C.int8_dot_supported
+limit_parallel_regions = _C.limit_parallel_regions
 LlamaLayer = _C.LlamaLayer
 LlamaStack = _C.LlamaStack
 GemmaLayer = _C.GemmaLayer

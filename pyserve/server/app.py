@@ -226,8 +226,13 @@ async def serve(config: Config) -> int:
         lambda: HTTPProtocol(state.handle, limits, error_body=lambda s, m: error_body(s, m)), sock=sock)
 
     t = time.perf_counter()
-    from pyserve.engine.async_engine import AsyncEngine
+    from pyserve.engine.async_engine import AsyncEngine, serial_thread_pool
     from pyserve.errors import ModelLoadError
+
+    # OpenMP teams on the model thread only (pyserve/executor/threads.py): the pool that
+    # parses requests and renders prompts runs its regions serially, as the loop's thread does
+    # once the engine starts
+    loop.set_default_executor(serial_thread_pool(None, "pyserve-io"))
 
     # Everything that runs the model (loading, warm-up, steps) runs on this one thread.
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")

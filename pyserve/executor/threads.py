@@ -1,0 +1,38 @@
+"""The model thread alone runs parallel regions (torch's and the extension's OpenMP teams).
+
+libgomp keeps one team of worker threads per thread that opens a parallel region, and its
+workers spin at a region's barrier only while it manages no more threads than the machine
+has CPUs. A second team, made once by a large enough index op on the event loop (a step's
+inputs are prepared there), turns that off for the life of the process: from then on each of
+the model's few hundred regions a step puts its workers to sleep and wakes them through the
+kernel (Gemma 3's W2 ran 25-40 % slower so). So every other thread that touches tensors runs
+its regions serially.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from pyserve import _native
+
+
+def run_parallel_regions_serially() -> int:
+    """The calling thread's parallel regions run on it alone from now on; torch's thread
+    count for the process (and the model thread's) stays as configured. Returns the thread
+    count the calling thread had, for restore_parallel_regions."""
+    return _native.limit_parallel_regions(1)
+
+
+def restore_parallel_regions(threads: int) -> None:
+    """The calling thread's parallel regions run on `threads` threads again."""
+    _native.limit_parallel_regions(threads)
+
+
+def _serial_thread() -> None:
+    run_parallel_regions_serially()
+
+
+def serial_thread_pool(max_workers: int | None, name: str) -> ThreadPoolExecutor:
+    """A thread pool for work beside the model (grammars, request parsing) whose threads
+    open no OpenMP team of their own."""
+    return ThreadPoolExecutor(max_workers, thread_name_prefix=name, initializer=_serial_thread)
