@@ -169,6 +169,7 @@ def _build_routes(state: ServerState, engine) -> Router:
     router.add("POST", "/v1/responses", generation(responses.create))
     router.add("GET", "/v1/responses/{response_id}", responses.retrieve)
     router.add("DELETE", "/v1/responses/{response_id}", responses.delete)
+    router.add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)
     _add_vllm_routes(state, router, serving)
     if state.config.server.enable_debug_endpoints:  # else 404, as any unknown path
         from pyserve.server.debug import books_handler

@@ -102,11 +102,17 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                anthropic=True),
     ("POST", "/v1/responses"): _op("OpenAI's Responses API", "openai", "Response",
                                    "ResponsesRequest", stream=True, errors=_ADMITTED),
-    ("GET", "/v1/responses/{response_id}"): _op("A stored response", "openai", "Response",
-                                                errors=(400, 404), path_param="response_id"),
-    ("DELETE", "/v1/responses/{response_id}"): _op("Delete a stored response", "openai",
+    ("GET", "/v1/responses/{response_id}"): _op("A stored response; ?stream=true&starting_after=N "
+                                                "replays a background stream's events", "openai",
+                                                "Response", stream=True, errors=(400, 404),
+                                                path_param="response_id"),
+    ("DELETE", "/v1/responses/{response_id}"): _op("Delete a stored response (a running "
+                                                   "background one is cancelled first)", "openai",
                                                    "DeletedResponse", errors=(404,),
                                                    path_param="response_id"),
+    ("POST", "/v1/responses/{response_id}/cancel"): _op(
+        "Cancel a running background response; 400 for one created without background or "
+        "ended otherwise", "openai", "Response", errors=(400, 404), path_param="response_id"),
 }
 
 _REASONS = {400: "the request is malformed or asks for what this server refuses",

@@ -260,8 +260,11 @@ def _responses(facts) -> dict:
         **passed, "metadata": nullable({"type": "object"}), "user": nullable(STRING),
         "service_tier": nullable(STRING), "safety_identifier": nullable(STRING),
         "prompt_cache_key": nullable(STRING), "truncation": nullable({"const": "disabled"}),
-        "background": nullable({"const": False}), "top_logprobs": nullable({"const": 0})},
-        ("input",), extra=False)
+        "background": nullable(BOOL), "top_logprobs": nullable({"const": 0})},
+        ("input",), extra=False,
+        # background needs store (null is true)
+        **{"if": {"properties": {"background": {"const": True}}, "required": ["background"]},
+           "then": {"properties": {"store": {"not": {"const": False}}}}})
     return {"ResponsesRequest": request}
 
 
@@ -310,7 +313,9 @@ def _responses_out() -> dict:
                                 ("id", "type", "role", "content", "model", "stop_reason", "usage")),
         "AnthropicTokenCount": obj({"input_tokens": _int(0)}, ("input_tokens",)),
         "Response": obj({"id": STRING, "object": {"const": "response"}, "created_at": NUMBER,
-                         "model": STRING, "status": STRING, "output": {"type": "array"}},
+                         "model": STRING, "output": {"type": "array"},
+                         "status": {"enum": ["queued", "in_progress", "completed", "incomplete",
+                                             "failed", "cancelled"]}},
                         ("id", "object", "model", "status", "output")),
         "DeletedResponse": obj({"id": STRING, "object": {"const": "response"},
                                 "deleted": {"const": True}}, ("id", "object", "deleted")),

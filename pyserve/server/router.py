@@ -2,9 +2,11 @@
 known path asked with the wrong method. Paths are normalised before lookup, so that
 percent-encoding, repeated slashes and a trailing slash name the same route.
 
-A path may end in one parameter, '/v1/responses/{response_id}': it matches any one last
-segment (of the normalised path) under that prefix, an exact route winning, and the handler
-finds the segment in request.path_params."""
+A path may hold one parameter, a whole segment: '/v1/responses/{response_id}' or
+'/v1/responses/{response_id}/cancel'. It matches any one non-empty segment (of the normalised
+path) in that place, the fixed segments around it as they are; an exact route wins, and where
+two parameter routes match, the one whose parameter comes later (the longer fixed head) does.
+The handler finds the segment in request.path_params."""
 
 from __future__ import annotations
 
@@ -31,21 +33,25 @@ class Router:
         """prepare: an async callable run on every request that found its handler, before it."""
         self._prepare = prepare
         self._routes: dict[str, dict[str, Handler]] = {}
-        # '/v1/responses/' -> ('response_id', {method: handler}): one trailing parameter
-        self._prefixes: dict[str, tuple[str, dict[str, Handler]]] = {}
+        # '/v1/responses/{}/cancel' -> ('response_id', {method: handler}): one parameter each
+        self._templates: dict[str, tuple[str, dict[str, Handler]]] = {}
+        self._template_segments: set[int] = set()  # their segment counts: other paths skip the search
         self._error = error_response  # (status, message) -> Response
 
     def add(self, method: str, path: str, handler: Handler) -> None:
-        head, _, last = path.rpartition("/")
-        if last.startswith("{") and last.endswith("}"):
-            name = last[1:-1]
-            if not name.isidentifier() or "{" in head:
-                raise ValueError(f"a route may end in one {{name}} parameter, got {path!r}")
-            known, methods = self._prefixes.setdefault(head + "/", (name, {}))
-            if known != name:
-                raise ValueError(f"{path!r}: the parameter under {head}/ is named {known!r}")
-        else:
+        segments = path.split("/")
+        params = [i for i, s in enumerate(segments) if "{" in s or "}" in s]
+        if not params:
             methods = self._routes.setdefault(path, {})
+        else:
+            i, name = params[0], segments[params[0]][1:-1]
+            if len(params) > 1 or segments[i] != f"{{{name}}}" or not name.isidentifier():
+                raise ValueError(f"a route may hold one parameter, a whole {{name}} segment, got {path!r}")
+            template = "/".join(segments[:i] + ["{}"] + segments[i + 1:])
+            known, methods = self._templates.setdefault(template, (name, {}))
+            self._template_segments.add(len(segments))
+            if known != name:
+                raise ValueError(f"{path!r}: the parameter of {template} is named {known!r}")
         methods[method] = handler
         if method == "GET":
             methods.setdefault("HEAD", handler)
@@ -57,19 +63,32 @@ class Router:
     def routes(self) -> list[tuple[str, str]]:
         """Every (method, path) served, for tests that must cover each route."""
         exact = [(method, path) for path, methods in self._routes.items() for method in methods]
-        prefixed = [(method, f"{prefix}{{{name}}}") for prefix, (name, methods) in self._prefixes.items()
-                    for method in methods]
-        return sorted(exact + prefixed)
+        templated = [(method, template.replace("{}", f"{{{name}}}"))
+                     for template, (name, methods) in self._templates.items() for method in methods]
+        return sorted(exact + templated)
+
+    def _match(self, path: str) -> tuple[str, str, dict[str, Handler]] | None:
+        """(parameter name, its value, methods) of the parameter route path matches: each
+        segment in turn, from the last, stands for the parameter (len(segments) lookups)."""
+        segments = path.split("/")
+        if len(segments) not in self._template_segments:  # a long hostile path costs one split
+            return None
+        for i in range(len(segments) - 1, 0, -1):
+            if segments[i]:
+                found = self._templates.get("/".join(segments[:i] + ["{}"] + segments[i + 1:]))
+                if found is not None:
+                    return found[0], segments[i], found[1]
+        return None
 
     async def __call__(self, request: Request) -> Response:
         path = normalize_path(request.target)
         methods = self._routes.get(path)
         if methods is None:
-            head, _, last = path.rpartition("/")
-            name, methods = self._prefixes.get(head + "/", (None, None))
-            if methods is None or not last:
+            match = self._match(path)
+            if match is None:
                 return self._error(404, f"no route for {path}")
-            request.path_params = {name: last}
+            name, value, methods = match
+            request.path_params = {name: value}
         handler = methods.get(request.method)
         if handler is None:
             response = self._error(405, f"{request.method} is not allowed on {path}")

@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from .server import ServerProcess, regex_for
+from .server import ServerProcess, assert_books_balanced, regex_for
 
 pytestmark = pytest.mark.slow
 
@@ -237,6 +237,84 @@ def test_a_client_leaving_a_stream_ends_its_request(client):
     while running() != 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert running() == 0
+
+
+def server_url(client) -> str:
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
+
+
+def poll(client, response_id: str, until=("completed", "incomplete", "failed", "cancelled"),
+         timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.responses.retrieve(response_id)
+        if r.status in until or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)
+
+
+def test_background_answers_at_once_and_ends_as_the_same_request_would(client):
+    kw = dict(input="Name three colours.", max_output_tokens=12)  # the model's own text, greedy
+    whole = ask(client, **kw)
+    queued = ask(client, background=True, **kw)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = poll(client, queued.id)
+    assert done.status == whole.status and done.background is True and done.id == queued.id
+    assert done.output_text == whole.output_text and done.usage.output_tokens == whole.usage.output_tokens
+    assert done.usage.input_tokens == whole.usage.input_tokens
+    # it continues a conversation as any stored response does
+    follow = ask(client, input="And a fourth?", previous_response_id=done.id, max_output_tokens=4)
+    assert follow.usage.input_tokens > done.usage.input_tokens + done.usage.output_tokens
+    with pytest.raises(openai.BadRequestError) as info:  # ended: nothing to cancel
+        client.responses.cancel(done.id)
+    assert info.value.body["param"] == "response_id"
+
+
+def test_cancelling_a_background_response_in_flight_frees_its_blocks(client):
+    queued = ask(client, input="Count to a thousand.", max_output_tokens=2000, background=True,
+                 extra_body={"ignore_eos": True})
+    running = poll(client, queued.id, until=("in_progress",))
+    assert running.status == "in_progress"
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled" and cancelled.id == queued.id
+    assert client.responses.cancel(queued.id).status == "cancelled"  # again: as it is
+    time.sleep(0.3)
+    assert client.responses.retrieve(queued.id).status == "cancelled"  # and stays so
+    books = assert_books_balanced(server_url(client))
+    assert books["kv_blocks_referenced"] == 0 and books["requests_aborted"] >= 1
+
+
+def test_a_background_stream_resumes_after_a_sequence_number(client):
+    stream = ask(client, background=True, stream=True, extra_body=scripted(PARIS))
+    head = [event for _, event in zip(range(5), stream)]
+    stream.close()  # the client leaves; the response goes on
+    assert head[0].type == "response.created" and head[0].response.background is True
+    rest = list(client.responses.retrieve(head[0].response.id, stream=True,
+                                          starting_after=head[-1].sequence_number))
+    events = head + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == PARIS
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == PARIS
+    assert client.responses.retrieve(head[0].response.id).output_text == PARIS
+
+
+def test_background_refusals(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, background=True, store=False)
+    assert info.value.body["param"] == "background" and "store" in info.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.cancel("resp_does_not_exist")
+    assert set(info.value.body) == {"message", "type", "param", "code"}
+    assert "resp_does_not_exist" in info.value.body["message"]
+    finished = ask(client, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(finished.id)
+    assert info.value.body["message"] == "Cannot cancel a synchronous response."
+    assert client.responses.retrieve(finished.id).status == finished.status  # unchanged
+    with pytest.raises(openai.BadRequestError) as info:  # only a background stream is replayed
+        client.responses.retrieve(finished.id, stream=True)
+    assert info.value.body["param"] == "stream"
 
 
 CALLS = ('Let me add. <tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}}</tool_call>'

@@ -1,8 +1,8 @@
 """The Responses API's translation onto the chat path, without a model: request fields -> a
 chat body, input items -> chat messages, chat answers (whole, and as chunks) -> response
 objects and events that the openai SDK's own pydantic models validate strictly, the store's
-bound, and the routes' handling of previous_response_id, store and streams over a fake
-chat path."""
+bound, and the routes' handling of previous_response_id, store, streams and background runs
+over a fake chat path."""
 
 import asyncio
 
@@ -109,7 +109,7 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
     ({"input": "x", "frobnicate": 1, "zeta": 2}, "frobnicate", "frobnicate, zeta"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning", "reasoning"),
     ({"input": "x", "truncation": "auto"}, "truncation", "truncation"),
-    ({"input": "x", "background": True}, "background", "background"),
+    ({"input": "x", "background": True, "store": False}, "background", "store"),  # vLLM's words
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "logprobs"),
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}, "tools": [ADD]}, "tool_choice",
      "web_search_preview"),
@@ -285,6 +285,19 @@ def test_the_store_is_bounded_and_least_recently_used_goes():
     assert store.delete("r0") and not store.delete("r0") and store.get("r0") is None
 
 
+def test_a_running_background_response_is_never_evicted_and_joins_the_order_when_it_ends():
+    store = ResponseStore(max_entries=2)
+    store.put_running({"id": "bg"}, [])
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [])
+    assert store.get("bg") is not None and store.get("r0") is None and len(store) == 3
+    assert store.finish({"id": "bg", "status": "completed"}, ["turn"])
+    assert store.get("r1") is None and store.get("bg").conversation == ["turn"] and len(store) == 2
+    assert not store.finish({"id": "bg"}, [])  # ended already: nothing changes
+    store.put_running({"id": "gone"}, [])
+    assert store.delete("gone") and not store.finish({"id": "gone"}, []) and store.get("gone") is None
+
+
 # -- the routes over a fake chat path ---------------------------------------------------------
 class FakeServing:
     model_name = "m"
@@ -293,6 +306,7 @@ class FakeServing:
     def __init__(self):
         self.bodies = []
         self.closed = 0
+        self.gate: asyncio.Event | None = None  # set: the stream waits on it after its first chunk
 
     def check_model(self, model):
         if model not in (None, "", "m"):
@@ -315,28 +329,33 @@ class FakeServing:
 
         async def chunks():
             try:
-                for c in [chunk({"role": "assistant", "content": ""}), chunk({"content": "streamed"}, "stop"),
-                          chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})]:
+                for i, c in enumerate([chunk({"role": "assistant", "content": ""}),
+                                       chunk({"content": "streamed"}, "stop"),
+                                       chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})]):
+                    if i == 1 and serving.gate is not None:
+                        await serving.gate.wait()
                     yield c
             finally:
                 serving.closed += 1
         return chunks()
 
 
-def call(api, method, target, body=None, params=None):
-    request = Request(method, target, {}, orjson.dumps(body) if body is not None else b"")
-    request.path_params = params or {}
-    handler = {"POST": api.create, "GET": api.retrieve, "DELETE": api.delete}[method]
+async def answer(handler, target="/x", body=None, response_id=None):
+    request = Request("POST" if body is not None else "GET", target, {},
+                      orjson.dumps(body) if body is not None else b"")
+    request.path_params = {"response_id": response_id} if response_id else {}
+    try:
+        response = await handler(request)
+    except APIError as exc:
+        return exc.status, {"param": exc.param, "message": exc.message}
+    if hasattr(response, "chunks"):
+        return response.status, b"".join([c async for c in response.chunks])
+    return response.status, orjson.loads(response.body)
 
-    async def main():
-        try:
-            response = await handler(request)
-        except APIError as exc:
-            return exc.status, {"param": exc.param, "message": exc.message}
-        if hasattr(response, "chunks"):
-            return response.status, b"".join([c async for c in response.chunks])
-        return response.status, orjson.loads(response.body)
-    return asyncio.run(main())
+
+def call(api, method, target, body=None, params=None):
+    handler = {"POST": api.create, "GET": api.retrieve, "DELETE": api.delete}[method]
+    return asyncio.run(answer(handler, target, body, (params or {}).get("response_id")))
 
 
 def test_previous_response_id_store_false_get_and_delete():
@@ -392,3 +411,79 @@ def test_a_stream_closed_at_once_still_ends_the_chat_stream():
         await response.chunks.aclose()
     asyncio.run(main())
     assert serving.closed == 1
+
+
+def sse_events(raw: bytes) -> list[dict]:
+    return [orjson.loads(block.split(b"\ndata: ", 1)[1]) for block in raw.split(b"\n\n") if block]
+
+
+async def settled(api, response_id) -> dict:
+    """The stored response once its background run has ended."""
+    for _ in range(100):
+        status, response = await answer(api.retrieve, response_id=response_id)
+        if response["status"] not in ("queued", "in_progress"):
+            return response
+        await asyncio.sleep(0)
+    raise AssertionError(f"{response_id} still {response['status']}")
+
+
+def test_background_runs_after_the_post_and_a_cancel_ends_its_chat_stream():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+
+    async def main():
+        status, queued = await answer(api.create, body={"input": "x", "background": True})
+        assert status == 200 and queued["status"] == "queued" and queued["background"] is True
+        assert queued["output"] == [] and queued["usage"] is None and serving.bodies[-1]["stream"]
+        done = await settled(api, queued["id"])
+        assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "streamed"
+        sdk.Response.model_validate(done)
+        assert (await answer(api.cancel, response_id=queued["id"]))[0] == 400  # ended already
+        # the conversation is stored for the next turn
+        await answer(api.create, body={"input": "y", "previous_response_id": queued["id"]})
+        assert [m["content"] for m in serving.bodies[-1]["messages"]] == ["x", "streamed", "y"]
+
+        serving.gate = asyncio.Event()  # this one stays in progress until cancelled
+        _, queued = await answer(api.create, body={"input": "x", "background": True})
+        await asyncio.sleep(0)
+        status, running = await answer(api.retrieve, response_id=queued["id"])
+        assert running["status"] == "in_progress" and serving.closed == 1
+        status, error = await answer(api.create, body={"input": "y", "previous_response_id": queued["id"]})
+        assert status == 400 and error["param"] == "previous_response_id"
+        assert "in_progress" in error["message"]
+        status, cancelled = await answer(api.cancel, response_id=queued["id"])
+        assert status == 200 and cancelled["status"] == "cancelled" and serving.closed == 2
+        sdk.Response.model_validate(cancelled)
+        assert await answer(api.cancel, response_id=queued["id"]) == (200, cancelled)  # idempotent
+        assert await answer(api.retrieve, response_id=queued["id"]) == (200, cancelled)
+
+        _, plain = await answer(api.create, body={"input": "x"})
+        status, error = await answer(api.cancel, response_id=plain["id"])
+        assert status == 400 and error["message"] == "Cannot cancel a synchronous response."
+        assert (await answer(api.cancel, response_id="resp_nope"))[0] == 404
+        status, error = await answer(api.create, body={"input": "x", "background": True, "store": False})
+        assert status == 400 and error["param"] == "background"
+    asyncio.run(main())
+
+
+def test_a_background_stream_is_replayed_from_any_sequence_number():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+
+    async def main():
+        status, raw = await answer(api.create, body={"input": "x", "background": True, "stream": True})
+        events = sse_events(raw)
+        assert status == 200 and events[-1]["type"] == "response.completed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        response_id = events[0]["response"]["id"]
+        assert (await settled(api, response_id)) == events[-1]["response"]
+        _, again = await answer(api.retrieve, "/x?stream=true&starting_after=2", response_id=response_id)
+        assert sse_events(again) == events[3:]
+        for after in ("-4", "x", "²"):
+            status, error = await answer(api.retrieve, f"/x?stream=true&starting_after={after}",
+                                         response_id=response_id)
+            assert status == 400 and error["param"] == "starting_after"
+        _, plain = await answer(api.create, body={"input": "x"})
+        status, error = await answer(api.retrieve, "/x?stream=true", response_id=plain["id"])
+        assert status == 400 and error["param"] == "stream"
+    asyncio.run(main())

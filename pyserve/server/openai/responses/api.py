@@ -1,5 +1,6 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{response_id}: the Responses API as a
-translation onto the chat path (serving.chat_result), with the server's ResponseStore."""
+"""POST /v1/responses, GET and DELETE /v1/responses/{response_id}, POST
+/v1/responses/{response_id}/cancel: the Responses API as a translation onto the chat path
+(serving.chat_result), with the server's ResponseStore and its background runs."""
 
 from __future__ import annotations
 
@@ -11,19 +12,18 @@ import orjson
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import field
-from pyserve.server.openai.responses.output import Turn
-from pyserve.server.openai.responses.store import ResponseStore
+from pyserve.server.values import brief
+from pyserve.server.openai.responses.background import BackgroundRuns
+from pyserve.server.openai.responses.output import UNFINISHED, Turn, sse
+from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, input_messages
-
-
-def sse(event: dict) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class ResponsesAPI:
     def __init__(self, serving, store: ResponseStore):
         self.serving = serving  # OpenAIServing
         self.store = store
+        self.runs = BackgroundRuns(store)
 
     async def create(self, request: Request) -> Response | StreamingResponse:
         body = self.serving.parse_body(request)
@@ -35,7 +35,11 @@ class ResponsesAPI:
             if entry is None:
                 raise APIError(404, f"Previous response with id '{previous}' not found.",
                                "previous_response_id")
-            history = entry[1]
+            status = entry.response["status"]
+            if status in UNFINISHED:  # its conversation has no answer yet
+                raise APIError(400, f"Previous response with id '{previous}' is still {status}: "
+                               "poll it until it ends, then continue from it", "previous_response_id")
+            history = entry.conversation
         chat, conversation = chat_body(body, history)
         keep = field(body, "store", bool, True)
         turn = Turn(body, self.serving.defaults, self.serving.model_name)
@@ -44,7 +48,13 @@ class ResponsesAPI:
         except APIError as exc:  # name the Responses field, not the chat field it became
             raise APIError(exc.status, exc.message, PARAMS.get(exc.param, exc.param),
                            exc.headers) from None
-        if chat.get("stream"):
+        streamed = field(body, "stream", bool, False)
+        if field(body, "background", bool, False):  # chat_body asked for a stream
+            entry = self.runs.start(turn, result, conversation, streamed)
+            if streamed:
+                return StreamingResponse(200, entry.events.read())
+            return Response(200, orjson.dumps(entry.response))
+        if streamed:
             return StreamingResponse(200, self._stream(turn, result, conversation, keep))
         response = turn.from_completion(result)
         if keep:
@@ -67,20 +77,47 @@ class ResponsesAPI:
     def _keep(self, response: dict, conversation: list[dict]) -> None:
         self.store.put(response, conversation + input_messages(response["output"], "output"))
 
-    def _stored(self, request: Request) -> tuple[str, dict]:
+    def _stored(self, request: Request) -> tuple[str, Stored]:
         response_id = request.path_params["response_id"]
         entry = self.store.get(response_id)
         if entry is None:
             raise APIError(404, f"Response with id '{response_id}' not found.", "response_id")
-        return response_id, entry[0]
+        return response_id, entry
 
-    async def retrieve(self, request: Request) -> Response:
-        query = parse_qs(request.target.partition("?")[2])
-        if query.get("stream", ["false"])[-1].lower() == "true":
-            raise APIError(400, "streaming a stored response is not supported by this server", "stream")
-        return Response(200, orjson.dumps(self._stored(request)[1]))
+    async def retrieve(self, request: Request) -> Response | StreamingResponse:
+        """The stored response as it stands; ?stream=true replays a background stream's events
+        after ?starting_after (a sequence number), then follows them while it runs."""
+        query = {key: values[-1] for key, values in parse_qs(request.target.partition("?")[2]).items()}
+        _, entry = self._stored(request)
+        if query.get("stream", "false").lower() != "true":
+            return Response(200, orjson.dumps(entry.response))
+        if entry.events is None:
+            raise APIError(400, "only a response created with background and stream true can be "
+                           "streamed again; GET it without stream", "stream")
+        after = query.get("starting_after")
+        if after is not None and not (after.isascii() and after.isdigit() and len(after) < 19):
+            raise APIError(400, f"starting_after must be a sequence number (0 or more), got "
+                           f"{brief(after)}", "starting_after")
+        return StreamingResponse(200, entry.events.read(0 if after is None else int(after) + 1))
 
     async def delete(self, request: Request) -> Response:
+        """Deletes a stored response; a background one still running is cancelled first, so
+        nothing runs for a response nobody can reach."""
         response_id, _ = self._stored(request)
+        await self.runs.cancel(response_id)
         self.store.delete(response_id)
         return Response(200, orjson.dumps({"id": response_id, "object": "response", "deleted": True}))
+
+    async def cancel(self, request: Request) -> Response:
+        """Cancels a background response that is running (queued or in_progress): it ends
+        "cancelled". Cancelling one again answers it as it is; a response created without
+        background, or one that ended otherwise, cannot be cancelled (400, vLLM's words)."""
+        response_id, entry = self._stored(request)
+        if self.runs.is_running(response_id):
+            await self.runs.cancel(response_id)
+        elif not entry.response["background"]:
+            raise APIError(400, "Cannot cancel a synchronous response.", "response_id")
+        elif entry.response["status"] != "cancelled":
+            raise APIError(400, f"Cannot cancel response '{response_id}': it has already ended "
+                           f"({entry.response['status']}).", "response_id")
+        return Response(200, orjson.dumps(entry.response))

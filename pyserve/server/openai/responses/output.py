@@ -15,7 +15,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import orjson
+
 from pyserve.server.openai.params import field
+
+
+# the statuses of a response that has not ended (a background one's, or a stream's events')
+UNFINISHED = ("queued", "in_progress")
+# the events that end a stream, each with the final response
+TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def sse(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def _id(prefix: str) -> str:
@@ -71,7 +83,8 @@ class Turn:
             "tool_choice": choice if choice is not None else "auto",
             "tools": body.get("tools") or [], "truncation": "disabled",
             "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
-            "prompt_cache_key": body.get("prompt_cache_key"), "background": False}
+            "prompt_cache_key": body.get("prompt_cache_key"),
+            "background": field(body, "background", bool, False)}
 
     def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -80,7 +93,7 @@ class Turn:
                 "status": status, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 **self.echo, "output": output,
-                "usage": usage(chat_usage) if status != "in_progress" else None}
+                "usage": usage(chat_usage) if status not in UNFINISHED + ("cancelled",) else None}
 
     def from_completion(self, completion: dict) -> dict:
         choice = completion["choices"][0]

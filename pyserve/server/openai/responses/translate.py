@@ -21,13 +21,15 @@ messages (for the prompt, and for the store that later turns build on).
                                     json_object, or nothing for text
     parallel_tool_calls             the same
     stream                          stream, with stream_options.include_usage
+    background                      the same stream (background.py reads it in a task); it
+                                    needs store (vLLM's 400 otherwise)
 
 vLLM's Responses extras (top_k, repetition_penalty, seed, stop, ignore_eos,
 structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias, priority,
 request_id) pass through to the chat path, which reads them as it does on chat. Everything
 else is a 400 naming the field: unknown fields (the Responses API has no vLLM log-and-ignore
 tradition to follow, and a silently dropped field changes what the client gets), hosted tools,
-reasoning, truncation "auto", background, and the rest of OpenAI's stateful features."""
+reasoning, truncation "auto", and the rest of OpenAI's stateful features."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from pyserve.server.values import brief, capped, field
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
                "tool_choice", "text", "stream", "store", "previous_response_id",
-               "parallel_tool_calls", "include"}
+               "parallel_tool_calls", "include", "background"}
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
@@ -51,9 +53,8 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
              "stream_options"}
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
-REFUSED_UNLESS_DEFAULT = {"reasoning": None, "truncation": "disabled", "background": False,
-                          "top_logprobs": 0, "max_tool_calls": None, "prompt": None,
-                          "conversation": None,
+REFUSED_UNLESS_DEFAULT = {"reasoning": None, "truncation": "disabled", "top_logprobs": 0,
+                          "max_tool_calls": None, "prompt": None, "conversation": None,
                           "prompt_cache_retention": None, "context_management": None}
 # OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
 # ask for nothing, and the refused ones would add output pyserve does not produce
@@ -92,6 +93,9 @@ def check_fields(body: dict) -> None:
         if refused:
             raise APIError(400, f"include {', '.join(refused)} is not supported by this server",
                            "include")
+    # store null is store true (the default), as vLLM reads it
+    if field(body, "background", bool, False) and not field(body, "store", bool, True):
+        raise APIError(400, "background can only be used when `store` is true", "background")
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
         field(body, name, str)  # echoed (or read) as strings
     _check_metadata(body.get("metadata"))
@@ -275,7 +279,7 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     fmt = response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
-    if field(body, "stream", bool, False):
+    if field(body, "stream", bool, False) or field(body, "background", bool, False):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     # a --reasoning-parser's thinking stays out of the answer, as OpenAI returns no raw reasoning
