@@ -83,6 +83,23 @@ def _chat_text(choice: dict) -> str:
     return (choice.get("delta") or {}).get("content") or ""
 
 
+# A server may close a kept-alive connection as the client sends on it (llama-server's HTTP
+# library closes idle ones after 5 s): that request never reached it, so it goes again on
+# another connection, as browsers resend, instead of counting as the server's failure. A
+# connection that fails once the response has begun is the server's failure, as before.
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+RESENDS = 2
+
+
+async def _post(session: aiohttp.ClientSession, inp: RequestInput, payload: dict):
+    for resend in range(RESENDS + 1):
+        try:
+            return await session.post(inp.api_url, json=payload, headers=inp.headers)
+        except STALE_CONNECTION:
+            if resend == RESENDS:
+                raise
+
+
 async def _stream(session: aiohttp.ClientSession, inp: RequestInput, payload: dict,
                   text_of: Callable[[dict], str]) -> RequestResult:
     result = RequestResult(prompt_len=inp.prompt_len)
@@ -90,7 +107,7 @@ async def _stream(session: aiohttp.ClientSession, inp: RequestInput, payload: di
     result.start_time = start
     pieces: list[str] = []
     try:
-        async with session.post(inp.api_url, json=payload, headers=inp.headers) as response:
+        async with await _post(session, inp, payload) as response:
             if response.status != 200:
                 body = (await response.text())[:300]
                 result.error = f"HTTP {response.status} {response.reason}: {body}"
