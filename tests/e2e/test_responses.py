@@ -180,6 +180,7 @@ def test_what_the_agents_sdk_sends(client):
     r = ask(client, **kw)
     assert r.output_text == PARIS and r.text.format.type == "text" and r.text.verbosity == "low"
     assert (r.safety_identifier, r.prompt_cache_key) == ("s", "k") and r.completed_at >= r.created_at
+    assert r.service_tier == "auto" and ask(client, service_tier="flex", extra_body=scripted(PARIS)).service_tier == "flex"
     events = list(ask(client, stream=True, stream_options={"include_obfuscation": False}, **kw))
     assert events[-1].type == "response.completed" and events[-1].response.output_text == PARIS
     assert events[0].response.completed_at is None and events[-1].response.text.format.type == "text"

@@ -84,6 +84,7 @@ class Turn:
             "tools": body.get("tools") or [], "truncation": "disabled",
             "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
             "prompt_cache_key": body.get("prompt_cache_key"),
+            "service_tier": body.get("service_tier") or "auto",  # vLLM's echo (it has one tier)
             "background": field(body, "background", bool, False)}
 
     def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
