@@ -27,7 +27,11 @@ namespace {
 // which cost Gemma 3's W2 a futex sleep per region of each step's few hundred.
 int64_t limit_parallel_regions(int64_t threads) {
   TORCH_CHECK(threads > 0, "limit_parallel_regions: threads must be positive");
-  const int64_t before = at::get_num_threads();  // torch's per-thread set-up first: later, it would undo this
+  // torch's per-thread set-up first, or the first parallel region after this would redo it
+  // and undo the limit: libtorch's (inside get_num_threads) and this extension's own copy of
+  // the inline lazy_init_num_threads, whose once-per-thread flag is private to each library
+  const int64_t before = at::get_num_threads();
+  at::internal::lazy_init_num_threads();
   omp_set_num_threads(static_cast<int>(threads));
   return before;
 }

@@ -26,8 +26,7 @@ from pyserve.engine import beam_driver
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
-from pyserve.executor.threads import (restore_parallel_regions, run_parallel_regions_serially,
-                                      serial_thread_pool)  # noqa: F401 (serial_thread_pool: the server's)
+from pyserve.executor.threads import run_parallel_regions_serially, serial_thread_pool  # noqa: F401 (the server's)
 from pyserve.pooling_params import ModelPooler, PoolingParams
 from pyserve.structured.compiler import GrammarError
 from pyserve.sampling_params import BeamSearchParams, SamplingParams
@@ -61,7 +60,6 @@ class AsyncEngine:
         self.died = asyncio.Event()  # set once the engine can never step again
         self._completion: StepCompletion | None = None  # CUDA: made on the first step
         self._grammar_thread: ThreadPoolExecutor | None = None  # made on the first grammar
-        self._loop_threads: int | None = None  # the loop thread's OpenMP threads before start()
 
     @classmethod
     def from_config(cls, config, model_thread: ThreadPoolExecutor) -> "AsyncEngine":
@@ -173,9 +171,6 @@ class AsyncEngine:
     def start(self) -> None:
         if self._task is None and self.dead_reason is None:
             loop = asyncio.get_running_loop()
-            # each step's inputs are prepared on this (the loop's) thread: no OpenMP team here
-            if self._loop_threads is None:
-                self._loop_threads = run_parallel_regions_serially()
             self._task = loop.create_task(self._step_loop(), name="pyserve-steps")
             self.core.on_executor_failure(
                 lambda reason: loop.call_soon_threadsafe(self._engine_died, reason))
@@ -204,9 +199,6 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        if self._loop_threads is not None:  # the loop's thread may run a model after us
-            restore_parallel_regions(self._loop_threads)
-            self._loop_threads = None
         self._model_thread.shutdown(wait=True)
         if self._grammar_thread is not None:
             self._grammar_thread.shutdown(wait=False, cancel_futures=True)

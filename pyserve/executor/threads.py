@@ -7,6 +7,10 @@ inputs are prepared there), turns that off for the life of the process: from the
 the model's few hundred regions a step puts its workers to sleep and wakes them through the
 kernel (Gemma 3's W2 ran 25-40 % slower so). So every other thread that touches tensors runs
 its regions serially.
+
+MKL's own thread count is not limited here: once torch.set_num_threads has run (tensor
+parallelism sets it), a large torch.mm on a limited thread would still open a team. No thread
+but the model's multiplies matrices.
 """
 
 from __future__ import annotations

@@ -195,6 +195,17 @@ def _add_vllm_routes(state: ServerState, router: Router, serving) -> None:
         router.add("GET", "/tokenizer_info", TokenizerInfo(serving.tokenizer, serving.chat_template))
 
 
+def keep_parallel_regions_on_the_model_thread(loop: asyncio.AbstractEventLoop) -> None:
+    """Only the model thread opens OpenMP teams (pyserve/executor/threads.py says why): the
+    loop's thread (this one; it prepares each step's inputs) and the pool that parses requests
+    and renders prompts run their parallel regions serially. The server's loop never runs
+    the model, so this holds for the life of the process."""
+    from pyserve.engine.async_engine import run_parallel_regions_serially, serial_thread_pool
+
+    run_parallel_regions_serially()
+    loop.set_default_executor(serial_thread_pool(None, "pyserve-io"))
+
+
 async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
@@ -227,13 +238,10 @@ async def serve(config: Config) -> int:
         lambda: HTTPProtocol(state.handle, limits, error_body=lambda s, m: error_body(s, m)), sock=sock)
 
     t = time.perf_counter()
-    from pyserve.engine.async_engine import AsyncEngine, serial_thread_pool
+    from pyserve.engine.async_engine import AsyncEngine
     from pyserve.errors import ModelLoadError
 
-    # OpenMP teams on the model thread only (pyserve/executor/threads.py): the pool that
-    # parses requests and renders prompts runs its regions serially, as the loop's thread does
-    # once the engine starts
-    loop.set_default_executor(serial_thread_pool(None, "pyserve-io"))
+    keep_parallel_regions_on_the_model_thread(loop)
 
     # Everything that runs the model (loading, warm-up, steps) runs on this one thread.
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")

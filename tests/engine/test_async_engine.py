@@ -171,26 +171,3 @@ def test_loop_stays_responsive_while_the_model_runs(model_dir):
 
     ticks, steps = run(main())
     assert steps >= 64 and ticks > 0
-
-
-def test_the_engine_loop_thread_runs_serially_while_started(model_dir):
-    """Step inputs are prepared on the loop's thread: it opens no OpenMP team while the
-    engine runs (pyserve/executor/threads.py), and gets its thread count back after."""
-    import torch
-
-    threads = torch.get_num_threads()
-    llm = LLM(str(model_dir), kv_cache_memory="16MiB")
-
-    async def main():
-        engine = AsyncEngine(llm.engine)
-        engine.start()
-        on_loop = torch.get_num_threads()
-        on_model = await asyncio.get_running_loop().run_in_executor(
-            engine._model_thread, torch.get_num_threads)
-        await engine.shutdown()
-        return on_loop, on_model, torch.get_num_threads()
-
-    on_loop, on_model, after = uvloop.run(main())
-    assert on_loop == 1
-    assert on_model == threads
-    assert after == threads  # shutdown gives the loop's thread its count back

@@ -12,6 +12,7 @@ from pyserve.executor.threads import restore_parallel_regions, run_parallel_regi
 
 CHILD = textwrap.dedent("""
     import os, threading, time, torch
+    from pyserve import _native
     from pyserve.executor.threads import run_parallel_regions_serially, serial_thread_pool
 
     torch.set_num_threads(2)
@@ -30,9 +31,12 @@ CHILD = textwrap.dedent("""
         def run():
             if serial:
                 run_parallel_regions_serially()
-            out["threads_here"] = torch.get_num_threads()
             before = threads()
             region()
+            # the extension's own first parallel region on this thread must keep the limit too
+            rows = torch.randn(4096, 512)
+            _native.rms_norm(torch.empty_like(rows), rows, torch.ones(512), 1e-6)
+            out["threads_here"] = torch.get_num_threads()
             out["new_threads"] = threads() - before
         t = threading.Thread(target=run)
         t.start(); t.join()
