@@ -487,3 +487,47 @@ def test_a_background_stream_is_replayed_from_any_sequence_number():
         status, error = await answer(api.retrieve, "/x?stream=true", response_id=plain["id"])
         assert status == 400 and error["param"] == "stream"
     asyncio.run(main())
+
+
+def test_a_background_run_that_breaks_fails_with_a_terminal_event_and_leaves_the_running_set():
+    serving = FakeServing()
+    api = ResponsesAPI(serving, ResponseStore())
+
+    async def broken_chunks():
+        yield chunk({"role": "assistant", "content": ""})
+        raise RuntimeError("boom")
+
+    async def chat_result(request, body):
+        return broken_chunks()
+
+    serving.chat_result = chat_result
+
+    async def main():
+        status, raw = await answer(api.create, body={"input": "x", "background": True, "stream": True})
+        events = sse_events(raw)
+        assert status == 200 and events[-1]["type"] == "response.failed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        response_id = events[0]["response"]["id"]
+        done = await settled(api, response_id)
+        assert done["status"] == "failed" and "boom" in done["error"]["message"]
+        assert not api.store.is_running(response_id)
+    asyncio.run(main())
+
+
+def test_only_the_most_recent_background_streams_keep_their_events(monkeypatch):
+    from pyserve.server.openai.responses import background
+
+    monkeypatch.setattr(background, "KEPT_EVENT_LOGS", 1)
+    api = ResponsesAPI(FakeServing(), ResponseStore())
+
+    async def main():
+        ids = []
+        for _ in range(2):
+            _, raw = await answer(api.create, body={"input": "x", "background": True, "stream": True})
+            ids.append(sse_events(raw)[0]["response"]["id"])
+            await settled(api, ids[-1])
+        status, error = await answer(api.retrieve, "/x?stream=true", response_id=ids[0])
+        assert status == 400 and error["param"] == "stream"
+        status, again = await answer(api.retrieve, "/x?stream=true", response_id=ids[1])
+        assert status == 200 and sse_events(again)[-1]["type"] == "response.completed"
+    asyncio.run(main())

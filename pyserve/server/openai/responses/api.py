@@ -13,7 +13,7 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import field
 from pyserve.server.values import brief
-from pyserve.server.openai.responses.background import BackgroundRuns
+from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
 from pyserve.server.openai.responses.output import UNFINISHED, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, input_messages
@@ -93,7 +93,8 @@ class ResponsesAPI:
             return Response(200, orjson.dumps(entry.response))
         if entry.events is None:
             raise APIError(400, "only a response created with background and stream true can be "
-                           "streamed again; GET it without stream", "stream")
+                           f"streamed again, while among the {KEPT_EVENT_LOGS} most recent such; GET "
+                           "it without stream", "stream")
         after = query.get("starting_after")
         if after is not None and not (after.isascii() and after.isdigit() and len(after) < 19):
             raise APIError(400, f"starting_after must be a sequence number (0 or more), got "

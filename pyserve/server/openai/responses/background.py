@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 
 from pyserve.server.openai.responses.output import TERMINAL_EVENTS, Turn, sse
@@ -25,6 +26,9 @@ from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.translate import input_messages
 
 logger = logging.getLogger("pyserve.requests")
+
+# ended background streams whose events GET ?stream=true can still replay
+KEPT_EVENT_LOGS = 64
 
 
 class EventLog:
@@ -67,6 +71,7 @@ class BackgroundRuns:
     def __init__(self, store: ResponseStore):
         self.store = store
         self._tasks: dict[str, asyncio.Task] = {}
+        self._kept_logs: deque[Stored] = deque()  # ended streams whose events are kept, oldest first
 
     def start(self, turn: Turn, chunks, conversation: list[dict], streamed: bool) -> Stored:
         """Stores the response "queued" and starts reading chunks (the chat stream, already
@@ -92,11 +97,12 @@ class BackgroundRuns:
             await asyncio.wait([task])
 
     async def _run(self, turn: Turn, chunks, entry: Stored) -> None:
-        final, log = None, entry.events
+        final, log, sent = None, entry.events, 0
         try:
             first = await anext(chunks, None)
             entry.response = turn.response("in_progress", [])
             async for event in turn.events(chunks, first, []):
+                sent += 1
                 if log is not None:
                     log.append(sse(event))
                 if event["type"] in TERMINAL_EVENTS:
@@ -107,14 +113,33 @@ class BackgroundRuns:
             logger.exception("background response %s failed", turn.id)
             final = turn.response("failed", [], error={"code": "server_error",
                                                        "message": f"generation failed: {exc}"})
+            if log is not None:  # a stream's readers see how it ended, as on an engine error
+                log.append(sse({"type": "response.failed", "sequence_number": sent, "response": final}))
         finally:
-            await chunks.aclose()  # a no-op once the chat stream ended; else its end aborts it
-            if log is not None:
-                log.end()
-        if final is None:  # the events always end with a terminal one; guard the store anyway
-            final = turn.response("failed", [], error={"code": "server_error",
-                                                       "message": "generation ended without a response"})
-        conversation = entry.conversation
-        if final["status"] in ("completed", "incomplete"):
-            conversation = conversation + input_messages(final["output"], "output")
-        self.store.finish(final, conversation)
+            try:
+                await chunks.aclose()  # a no-op once the chat stream ended; else its end aborts it
+            finally:
+                if log is not None:
+                    log.end()
+                # whatever ended the run, the response leaves the running set (never stuck
+                # in_progress): with the answer in its conversation where that can be built
+                conversation = entry.conversation
+                if final is None:  # the events always end with a terminal one; guard anyway
+                    final = turn.response("failed", [], error={
+                        "code": "server_error", "message": "generation ended without a response"})
+                if final["status"] in ("completed", "incomplete"):
+                    try:
+                        conversation = conversation + input_messages(final["output"], "output")
+                    except Exception:  # the output cannot be continued from (too many items)
+                        logger.exception("background response %s: its output kept out of its conversation", turn.id)
+                self.store.finish(final, conversation)
+                if log is not None:
+                    self._keep_log(entry)
+
+    def _keep_log(self, entry: Stored) -> None:
+        """An ended stream's events stay for GET ?stream=true while it is among the
+        KEPT_EVENT_LOGS most recently ended ones; older ones' are dropped (their memory grows
+        with their output: about 200 bytes a token)."""
+        self._kept_logs.append(entry)
+        while len(self._kept_logs) > KEPT_EVENT_LOGS:
+            self._kept_logs.popleft().events = None

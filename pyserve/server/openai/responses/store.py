@@ -5,8 +5,9 @@ every earlier turn, this input, this output), so a later turn needs only its one
 Bounded by entry count: past MAX_ENTRIES the least recently used (stored or read) ended
 response goes. A background response still running (queued or in_progress) is held apart,
 never evicted, so that its run always finds its entry and GET always finds the run; it joins
-the least-recently-used order, as the most recent, when it ends (finish). Running entries are
-bounded by the engine's requests, each being one (--max-num-queued-requests bounds those)."""
+the least-recently-used order, as the most recent, when it ends (finish). Each running entry
+is an engine request: --max-num-queued-requests bounds them where it is set (without it they
+are unbounded, as in vLLM)."""
 
 from __future__ import annotations
 
