@@ -54,6 +54,7 @@ class RequestResult:
     latency: float = 0.0
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     error: str = ""
+    resends: int = 0  # sent again after a kept-alive connection closed under it (_post)
 
 
 class SSEDecoder:
@@ -84,20 +85,35 @@ def _chat_text(choice: dict) -> str:
 
 
 # A server may close a kept-alive connection as the client sends on it (llama-server's HTTP
-# library closes idle ones after 5 s): that request never reached it, so it goes again on
-# another connection, as browsers resend, instead of counting as the server's failure. A
-# connection that fails once the response has begun is the server's failure, as before.
+# library does): a request that fails so, on a connection taken from the pool and before any
+# response, goes again on another one, as browsers resend, and is counted in the report
+# (`resends`). A failure on a new connection, or once the response has begun, is the server's.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 RESENDS = 2
 
 
-async def _post(session: aiohttp.ClientSession, inp: RequestInput, payload: dict):
+def connection_reuse_trace() -> aiohttp.TraceConfig:
+    """Marks the request's trace context {"reused": True} when it goes on a pooled connection
+    (pass it to the session's trace_configs)."""
+    async def reused(session, context, params):
+        if isinstance(context.trace_request_ctx, dict):
+            context.trace_request_ctx["reused"] = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(reused)
+    return trace
+
+
+async def _post(session: aiohttp.ClientSession, inp: RequestInput, payload: dict, result: RequestResult):
     for resend in range(RESENDS + 1):
+        attempt = {"reused": False}
         try:
-            return await session.post(inp.api_url, json=payload, headers=inp.headers)
+            return await session.post(inp.api_url, json=payload, headers=inp.headers,
+                                      trace_request_ctx=attempt)
         except STALE_CONNECTION:
-            if resend == RESENDS:
+            if resend == RESENDS or not attempt["reused"]:
                 raise
+            result.resends += 1
 
 
 async def _stream(session: aiohttp.ClientSession, inp: RequestInput, payload: dict,
@@ -107,7 +123,7 @@ async def _stream(session: aiohttp.ClientSession, inp: RequestInput, payload: di
     result.start_time = start
     pieces: list[str] = []
     try:
-        async with await _post(session, inp, payload) as response:
+        async with await _post(session, inp, payload, result) as response:
             if response.status != 200:
                 body = (await response.text())[:300]
                 result.error = f"HTTP {response.status} {response.reason}: {body}"

@@ -33,7 +33,7 @@ from datetime import datetime
 import aiohttp
 import numpy as np
 
-from benchmarks.client import REQUEST_FUNCS, RequestInput, RequestResult
+from benchmarks.client import REQUEST_FUNCS, RequestInput, RequestResult, connection_reuse_trace
 from benchmarks.datasets import add_dataset_args, load_tokenizer, sample_requests
 from benchmarks.metrics import METRICS, calculate_metrics, format_result
 
@@ -143,7 +143,8 @@ async def run_requests(inputs: list[RequestInput], request_func, delays: list[fl
     """Sends each input at its delay, at most max_concurrency at once: (records, seconds)."""
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=6 * 3600)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     trace_configs=[connection_reuse_trace()]) as session:
         gate = asyncio.Semaphore(max_concurrency or len(inputs) or 1)
 
         async def send(inp: RequestInput, delay: float, start: float) -> RequestResult:
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         return len(tokenizer(text, add_special_tokens=False).input_ids)
 
     metrics = calculate_metrics(records, duration, count_tokens, percentiles, goodput)
+    resends = sum(r.resends for r in records)
+    if resends:
+        print(f"Requests sent again after the server closed a kept-alive connection: {resends}")
     failed = [r for r in records if not r.success]
     if failed:
         print("Failed requests during benchmark run detected (capping to 10):")

@@ -125,3 +125,56 @@ def test_usage_in_the_same_event_as_the_last_choice_is_read():
         _input(url, "/v1/completions"), s)))
     assert r.success and r.generated_text == "abc"
     assert (r.output_tokens, r.prompt_len) == (9, 5)
+
+
+async def _raw_server(behaviour):
+    """A loopback HTTP/1.1 server: behaviour(connection number, request number on it) says
+    "answer" (a whole SSE body, the connection kept alive) or "close" (read it, answer nothing)."""
+    body = _chunk("a") + b"data: [DONE]\n\n"
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    connections = [0]
+
+    async def on_connection(reader, writer):
+        connections[0] += 1
+        number, served = connections[0], 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                await reader.readexactly(length)
+                served += 1
+                if behaviour(number, served) == "close":
+                    break
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_a_request_on_a_kept_alive_connection_closed_under_it_goes_again_and_is_counted():
+    from benchmarks.client import connection_reuse_trace
+
+    async def run(behaviour):
+        server, port = await _raw_server(behaviour)
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+                                             trace_configs=[connection_reuse_trace()]) as session:
+                url = f"http://127.0.0.1:{port}"
+                return [await request_completions(_input(url, "/v1/completions"), session) for _ in range(2)]
+        finally:
+            server.close()
+
+    # the first connection's second request is dropped: it went on a pooled connection
+    first, second = asyncio.run(run(lambda conn, n: "close" if (conn, n) == (1, 2) else "answer"))
+    assert first.success and first.resends == 0
+    assert second.success and second.resends == 1 and second.generated_text == "a"
+    # a new connection that fails is the server's failure: not sent again
+    first, second = asyncio.run(run(lambda conn, n: "close" if conn == 1 else "answer"))
+    assert not first.success and first.resends == 0 and "Disconnected" in first.error
+    assert second.success
