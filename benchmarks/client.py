@@ -84,12 +84,22 @@ def _chat_text(choice: dict) -> str:
     return (choice.get("delta") or {}).get("content") or ""
 
 
-# A server may close a kept-alive connection as the client sends on it (llama-server's HTTP
-# library does): a request that fails so, on a connection taken from the pool and before any
-# response, goes again on another one, as browsers resend, and is counted in the report
-# (`resends`). A failure on a new connection, or once the response has begun, is the server's.
+# A server may close a connection as the client sends on it (llama-server's HTTP library
+# does, kept-alive ones above all): a request that provably did not reach it goes again on
+# another connection, as browsers resend, and is counted in the report (`resends`): one whose
+# body could not be written, on any connection, or one on a connection taken from the pool
+# that closed before any response. Any other failure is the server's.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 RESENDS = 2
+
+
+def never_arrived(exc: Exception, reused: bool) -> bool:
+    """Whether a request that failed with exc before any response may be sent again."""
+    if isinstance(exc, aiohttp.ClientConnectorError):  # no connection was made
+        return True
+    if isinstance(exc, aiohttp.ClientOSError) and "Can not write request body" in str(exc):
+        return True
+    return reused and isinstance(exc, STALE_CONNECTION)
 
 
 def connection_reuse_trace() -> aiohttp.TraceConfig:
@@ -110,8 +120,8 @@ async def _post(session: aiohttp.ClientSession, inp: RequestInput, payload: dict
         try:
             return await session.post(inp.api_url, json=payload, headers=inp.headers,
                                       trace_request_ctx=attempt)
-        except STALE_CONNECTION:
-            if resend == RESENDS or not attempt["reused"]:
+        except STALE_CONNECTION as exc:
+            if resend == RESENDS or not never_arrived(exc, attempt["reused"]):
                 raise
             result.resends += 1
 

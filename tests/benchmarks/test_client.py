@@ -178,3 +178,14 @@ def test_a_request_on_a_kept_alive_connection_closed_under_it_goes_again_and_is_
     first, second = asyncio.run(run(lambda conn, n: "close" if conn == 1 else "answer"))
     assert not first.success and first.resends == 0 and "Disconnected" in first.error
     assert second.success
+
+
+def test_only_requests_that_never_arrived_are_sent_again():
+    from benchmarks.client import never_arrived
+
+    unwritten = aiohttp.ClientOSError(None, "Can not write request body for http://x/v1/completions")
+    assert never_arrived(unwritten, reused=False) and never_arrived(unwritten, reused=True)
+    closed = aiohttp.ServerDisconnectedError()
+    assert never_arrived(closed, reused=True) and not never_arrived(closed, reused=False)
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert not never_arrived(reset, reused=False) and never_arrived(reset, reused=True)
