@@ -5,8 +5,8 @@ workers spin at a region's barrier only while it manages no more threads than th
 has CPUs. A second team, made once by a large enough index op on the event loop (a step's
 inputs are prepared there), turns that off for the life of the process: from then on each of
 the model's few hundred regions a step puts its workers to sleep and wakes them through the
-kernel (Gemma 3's W2 ran 25-40 % slower so). So every other thread that touches tensors runs
-its regions serially.
+kernel (Gemma 3's W2 lost 11-28 % of its throughput so). So every other thread that touches
+tensors runs its regions serially.
 
 MKL's own thread count is not limited here: once torch.set_num_threads has run (tensor
 parallelism sets it), a large torch.mm on a limited thread would still open a team. No thread
