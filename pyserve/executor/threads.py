@@ -20,23 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pyserve import _native
 
 
-def run_parallel_regions_serially() -> int:
+def run_parallel_regions_serially() -> None:
     """The calling thread's parallel regions run on it alone from now on; torch's thread
-    count for the process (and the model thread's) stays as configured. Returns the thread
-    count the calling thread had, for restore_parallel_regions."""
-    return _native.limit_parallel_regions(1)
-
-
-def restore_parallel_regions(threads: int) -> None:
-    """The calling thread's parallel regions run on `threads` threads again."""
-    _native.limit_parallel_regions(threads)
-
-
-def _serial_thread() -> None:
-    run_parallel_regions_serially()
+    count for the process (and the model thread's) stays as configured."""
+    _native.limit_parallel_regions(1)
 
 
 def serial_thread_pool(max_workers: int | None, name: str) -> ThreadPoolExecutor:
     """A thread pool for work beside the model (grammars, request parsing) whose threads
     open no OpenMP team of their own."""
-    return ThreadPoolExecutor(max_workers, thread_name_prefix=name, initializer=_serial_thread)
+    return ThreadPoolExecutor(max_workers, thread_name_prefix=name, initializer=run_parallel_regions_serially)

@@ -8,7 +8,7 @@ import textwrap
 
 import torch
 
-from pyserve.executor.threads import restore_parallel_regions, run_parallel_regions_serially
+from pyserve import _native
 
 CHILD = textwrap.dedent("""
     import os, threading, time, torch
@@ -59,10 +59,10 @@ def test_a_serial_thread_opens_no_team_and_others_keep_theirs():
     assert main_here == 2  # the process's (the model thread's) count is untouched
 
 
-def test_restore_round_trip():
-    before = run_parallel_regions_serially()
+def test_the_limit_returns_the_count_it_replaced():
+    before = _native.limit_parallel_regions(1)
     try:
         assert torch.get_num_threads() == 1
     finally:
-        restore_parallel_regions(before)
+        assert _native.limit_parallel_regions(before) == 1
     assert torch.get_num_threads() == before
