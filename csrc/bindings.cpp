@@ -1,6 +1,7 @@
 // The one pybind11 module, pyserve._C. Ops are chosen by the device of their tensors; Python
 // reaches them only through pyserve/_native.py.
 #include <torch/extension.h>
+#include <pybind11/numpy.h>
 
 #include <omp.h>
 
@@ -8,6 +9,7 @@
 
 #include "comm/shm_communicator.h"
 #include "cpu/decoder_layer.h"
+#include "cpu/ngram.h"
 #include "cpu/ops.h"
 #include "kv/block_pool.h"
 #ifdef PYSERVE_CUDA
@@ -270,6 +272,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("apply_token_bitmask", &pyserve::cpu::apply_token_bitmask, py::arg("logits"),
         py::arg("bitmask"), py::arg("rows"), py::call_guard<py::gil_scoped_release>());
   m.def("built_with_cuda", &pyserve::built_with_cuda);
+  // an int64 array (the scheduler's TokenHistory) read in place, without a copy
+  m.def("ngram_match",
+        [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> tokens, int64_t min_n,
+           int64_t max_n, int64_t window) {
+          if (tokens.ndim() != 1) throw std::invalid_argument("ngram_match: tokens must be 1-D");
+          return pyserve::cpu::ngram_match(tokens.data(), tokens.shape(0), min_n, max_n, window);
+        },
+        py::arg("tokens"), py::arg("min_n"), py::arg("max_n"), py::arg("window"));
 
   // Collectives wait for the other ranks: they release the GIL so the rest of the process
   // (the event loop, a watchdog) keeps running meanwhile.

@@ -38,3 +38,4 @@ apply_token_bitmask = _C.apply_token_bitmask  # CPU only (CUDA: xgrammar's torch
 sample_tokens = _C.sample_tokens  # CPU only (CUDA: the sampler's torch ops)
 apply_penalties = _C.apply_penalties  # CPU only
 logprob_columns = _C.logprob_columns  # CPU only
+ngram_match = _C.ngram_match

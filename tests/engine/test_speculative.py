@@ -12,7 +12,7 @@ import torch
 
 from pyserve import _native
 from pyserve.config import ConfigError, SpeculativeConfig
-from pyserve.engine.ngram import TokenHistory, next_lookahead, propose
+from pyserve.engine.ngram import LOOKUP_WINDOW, TokenHistory, draft_limit, lookup, next_lookahead, propose
 from pyserve.llm import LLM
 from pyserve.model.verify import accepted
 from pyserve.sampling_params import SamplingParams
@@ -35,15 +35,20 @@ def test_propose_takes_what_followed_the_most_recent_match():
     assert propose([7], 3, 1, 3) == []
 
 
-def _propose_by_definition(tokens, k, min_n, max_n):
+def _lookup_by_definition(tokens, min_n, max_n):
     for n in range(max_n, min_n - 1, -1):
         if n > len(tokens) - 1:
             continue
         suffix = tokens[len(tokens) - n:]
         for start in range(len(tokens) - 1 - n, -1, -1):  # the most recent window first
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
-    return []
+                return start + n, n
+    return -1, 0
+
+
+def _propose_by_definition(tokens, k, min_n, max_n):
+    start, n = _lookup_by_definition(tokens, min_n, max_n)
+    return tokens[start:start + k] if n else []
 
 
 def test_propose_equals_its_definition_on_random_histories():
@@ -57,6 +62,51 @@ def test_propose_equals_its_definition_on_random_histories():
         hi = rng.randrange(lo, 6)
         k = rng.randrange(1, 6)
         assert propose(tokens, k, lo, hi) == _propose_by_definition(tokens, k, lo, hi), (tokens, k, lo, hi)
+        assert lookup(tokens, lo, hi) == _lookup_by_definition(tokens, lo, hi), (tokens, lo, hi)
+
+
+def test_lookup_reads_only_the_window():
+    """A match older than LOOKUP_WINDOW tokens is not seen (a step's cost stays bounded); one
+    inside it is, and the window's edge holds for the match's first token too."""
+    filler = [9] * (LOOKUP_WINDOW - 5)  # the history: 5 + filler + 2 = the window + 2 tokens
+    assert lookup([1, 2, 0, 0, 0] + filler + [1, 2], 2, 2) == (-1, 0)  # before the window
+    assert lookup([0, 0, 1, 2, 0] + filler + [1, 2], 2, 2) == (4, 2)  # its first two tokens
+    # the match's first token just outside it: only its last token is seen
+    assert lookup([0, 1, 2, 0, 0] + filler + [1, 2], 2, 4) == (-1, 0)
+    assert lookup([0, 1, 2, 0, 0] + filler + [1, 2], 1, 4) == (3, 1)
+
+
+def test_a_short_match_proposes_fewer_drafts():
+    """draft_limit: with lookup 2-4, a 2-token match one draft, 3 tokens two, 4 all k."""
+    assert [draft_limit(n, 2, 4, 4) for n in (2, 3, 4)] == [1, 2, 4]
+    assert draft_limit(2, 2, 4, 1) == 1 and draft_limit(3, 2, 4, 1) == 1  # never above k
+    assert draft_limit(5, 5, 5, 4) == 4  # vLLM's default lookup (5 to 5): no limit
+    assert [draft_limit(n, 1, 3, 4) for n in (1, 2, 3)] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("match, drafts", [(2, 1), (3, 2), (4, 4)])
+def test_the_scheduler_limits_drafts_by_match_length(match, drafts):
+    """A request whose lookahead allows 4 drafts proposes as many as its match earns."""
+    from pyserve.config import SchedulerConfig
+    from pyserve.engine.request import Request
+    from pyserve.engine.scheduler import Scheduler
+    from pyserve.kv.manager import KVCacheManager
+
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64,
+                             speculative_config=SpeculativeConfig(**NGRAM))
+    scheduler = Scheduler(config, KVCacheManager(64, 4, enable_prefix_caching=False))
+    # the last `match` tokens recur once, after a token that breaks a longer match; 10
+    # tokens follow that earlier place
+    suffix = list(range(100, 100 + match))
+    prompt = [7] + suffix + list(range(200, 210)) + [8] + suffix
+    req = Request("r", prompt[:-1], SamplingParams(temperature=0, max_tokens=32), (), 32, arrival=0)
+    scheduler.add(req)
+    first = scheduler.schedule()  # the prompt but its last token, then that token's step
+    scheduler.computed(req, first.sequences[0].num_new_tokens)
+    req.append_output(prompt[-1])
+    req.lookahead = 4
+    step = scheduler.schedule()
+    assert step.sequences[0].draft_token_ids == list(range(200, 200 + drafts))
 
 
 
@@ -72,6 +122,7 @@ def test_the_growing_history_array_proposes_what_the_list_does():
         array = history.sync(tokens)
         assert array.tolist() == tokens
         assert propose(array, 4, 2, 4) == _propose_by_definition(tokens, 4, 2, 4)
+        assert lookup(array, 2, 4) == _lookup_by_definition(tokens, 2, 4)
     assert history.sync(tokens[:5]).tolist() == tokens[:5]
 
 
