@@ -11,6 +11,8 @@ Request objects allow properties beyond the listed ones where the route logs and
 
 from __future__ import annotations
 
+from pyserve.server.anthropic.request import REFUSED as ANTHROPIC_REFUSED
+from pyserve.server.openai.messages import REASONING_EFFORTS
 from pyserve.server.request_limits import MAX_N, MAX_STOP, MAX_STOP_CHARS
 
 INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
@@ -152,7 +154,11 @@ def _requests(facts) -> dict:
                 "top_logprobs": nullable(_int(-1)), "echo": nullable(BOOL),
                 "tools": nullable({"type": "array", "items": _TOOL}),
                 "tool_choice": nullable(_TOOL_CHOICE), "parallel_tool_calls": nullable(BOOL),
-                "include_reasoning": nullable(BOOL), **_chat_template_fields()}, ("messages",))
+                "include_reasoning": nullable(BOOL),
+                "reasoning_effort": nullable({"enum": list(REASONING_EFFORTS)}),
+                "modalities": nullable({"const": ["text"]}),
+                "function_call": nullable({"enum": ["none", "auto"]}),
+                **_chat_template_fields()}, ("messages",))
     embedding = _embedding(facts)
     tokenize = {"anyOf": [
         obj({"model": _model(facts), "prompt": STRING, "add_special_tokens": nullable(BOOL),
@@ -213,19 +219,26 @@ def _anthropic(facts) -> dict:
         "tool_choice": obj({"type": {"enum": ["auto", "any", "tool", "none"]}, "name": STRING,
                             "disable_parallel_tool_use": BOOL}, ("type",)),
         "thinking": obj({"type": {"const": "disabled"}}, ("type",)),
-        "metadata": {"type": "object"}, "chat_template_kwargs": {"type": "object"}}
-    messages = obj({**prompt, "max_tokens": _int(1, facts.max_model_len),
-                    "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1},
-                                       "maxItems": _MAX_STOP},
-                    "temperature": _number(0), "top_p": _number(high=1, above=0), "top_k": _int(-1),
-                    "stream": BOOL, "service_tier": STRING},
-                   ("model", "messages", "max_tokens"), extra=False)
-    return {"AnthropicMessagesRequest": messages,
-            "AnthropicCountTokensRequest": obj(prompt, ("model", "messages"), extra=False)}
+        "metadata": {"type": "object"}, "chat_template_kwargs": {"type": "object"},
+        "output_config": obj({
+            "format": nullable(obj({"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+                                   ("type", "schema"), extra=False)),
+            "effort": nullable({"enum": ["low", "medium", "high", "xhigh", "max"]})}, extra=False),
+        # what this server cannot honour is a 400 unless null; other unknown fields are ignored
+        **{name: {"type": "null"} for name in sorted(ANTHROPIC_REFUSED)}}
+    generation = {"max_tokens": _int(1, facts.max_model_len),
+                  "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1},
+                                     "maxItems": _MAX_STOP},
+                  "temperature": _number(0), "top_p": _number(high=1, above=0), "top_k": _int(-1),
+                  "stream": BOOL, "service_tier": STRING}
+    messages = obj({**prompt, **generation}, ("model", "messages", "max_tokens"))
+    # count_tokens counts a prompt: generation fields there are refused
+    count = obj({**prompt, **{name: {"type": "null"} for name in generation}}, ("model", "messages"))
+    return {"AnthropicMessagesRequest": messages, "AnthropicCountTokensRequest": count}
 
 
 def _responses(facts) -> dict:
-    """server/openai/responses/translate.py: unknown fields are a 400 here."""
+    """server/openai/responses/translate.py: unknown fields are ignored (logged), as on chat."""
     part = obj({"type": {"enum": ["input_text", "output_text"]}, "text": STRING}, ("type", "text"))
     item = {"anyOf": [
         obj({"type": {"const": "message"}, "role": {"enum": ["user", "system", "developer", "assistant"]},
@@ -260,8 +273,11 @@ def _responses(facts) -> dict:
         **passed, "metadata": nullable({"type": "object"}), "user": nullable(STRING),
         "service_tier": nullable(STRING), "safety_identifier": nullable(STRING),
         "prompt_cache_key": nullable(STRING), "truncation": nullable({"const": "disabled"}),
-        "background": nullable(BOOL), "top_logprobs": nullable({"const": 0})},
-        ("input",), extra=False,
+        "background": nullable(BOOL), "top_logprobs": nullable({"const": 0}),
+        "reasoning": nullable(obj({"effort": nullable({"enum": list(REASONING_EFFORTS)}),
+                                   "summary": {"type": "null"}, "generate_summary": {"type": "null"}},
+                                  extra=False))},
+        ("input",),
         # background needs store (null is true)
         **{"if": {"properties": {"background": {"const": True}}, "required": ["background"]},
            "then": {"properties": {"store": {"not": {"const": False}}}}})

@@ -9,12 +9,16 @@ refused), an int must fit 64 bits, and a bool is never an int (Python's True is 
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 import re
 from typing import Any
 
 from pyserve.server.errors import APIError
 from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_NUMBER_TEXT
+
+logger = logging.getLogger("pyserve")
 
 _INT64 = (-2**63, 2**63 - 1)
 _INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
@@ -165,3 +169,13 @@ def check_nesting(raw: bytes | str, value: Any, what: str, param: str | None) ->
         return
     if nests_deeper(value):
         raise APIError(400, f"{what} nests more than {MAX_JSON_DEPTH} levels deep", param)
+
+
+def log_ignored_fields(names) -> None:
+    """vLLM's warning for request fields its request models do not know (they are accepted and
+    ignored, so an SDK's newer fields do not break requests): one log line naming them, of
+    bounded length however many a body holds."""
+    if names:
+        shown = heapq.nsmallest(20, names)
+        logger.warning("the following fields were present in the request but ignored: %s%s",
+                       ", ".join(shown), f" and {len(names) - 20} more" if len(names) > 20 else "")

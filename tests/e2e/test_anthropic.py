@@ -170,13 +170,51 @@ def test_bad_inputs_are_anthropic_errors(client):
     assert "thinking" in _refused(lambda: client.messages.create(
         model=MODEL, max_tokens=64, messages=ASK, thinking={"type": "enabled", "budget_tokens": 32}),
         400, "invalid_request_error")
-    assert "frobnicate" in _refused(lambda: client.messages.create(
-        model=MODEL, max_tokens=4, messages=ASK, extra_body={"frobnicate": 1}), 400,
+    assert "mcp_servers" in _refused(lambda: client.messages.create(
+        model=MODEL, max_tokens=4, messages=ASK, extra_body={"mcp_servers": [{"name": "x"}]}), 400,
         "invalid_request_error")
     # the stream's refusals come before any event, as HTTP errors
     assert "tool_choice" in _refused(lambda: client.messages.create(
         model=MODEL, max_tokens=4, messages=ASK, tools=[ADD], tool_choice={"type": "tool", "name": "sub"},
         stream=True), 400, "invalid_request_error")
+
+
+def test_unknown_fields_are_ignored_as_vllm_ignores_them(client):
+    """An SDK's newer field does not break a request (vLLM's request model ignores extras);
+    the answer is the one without it."""
+    plain = client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                   extra_body={"temperature": 0})
+    extra = client.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+                                   extra_body={"temperature": 0, "frobnicate": 1, "ignore_eos": False})
+    assert extra.content[0].text == plain.content[0].text
+
+
+def test_structured_output_through_the_sdks_parse(client):
+    """messages.parse(output_format=...) sends output_config.format, a JSON schema the answer
+    is held to (the chat path's json_schema response format)."""
+    from typing import Literal
+
+    import pydantic
+
+    # the SDK drops length and range limits from the schema it sends: enums and booleans
+    # bound the answer
+    class City(pydantic.BaseModel):
+        name: Literal["Paris", "London", "Rome"]
+        capital: bool
+
+    parsed = client.messages.parse(model=MODEL, max_tokens=80, output_format=City,
+                                   extra_body={"temperature": 0},
+                                   messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+    assert isinstance(parsed.parsed_output, City)
+    assert parsed.stop_reason == "end_turn"
+    raw = client.messages.create(model=MODEL, max_tokens=80, extra_body={"temperature": 0}, output_config={
+        "format": {"type": "json_schema", "schema": {"type": "object", "properties": {
+            "ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}},
+        messages=[{"role": "user", "content": "Is Paris in France? Answer as JSON."}])
+    assert isinstance(json.loads(raw.content[0].text)["ok"], bool)
+    assert "output_config.format" in _refused(lambda: client.messages.create(
+        model=MODEL, max_tokens=4, messages=ASK, output_config={"format": {"type": "regex"}}),
+        400, "invalid_request_error")
 
 
 @pytest.fixture(scope="module")

@@ -129,7 +129,14 @@ REFUSED = [  # each one a body the route answers with a 400, the bound stated in
     ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}),
     ("/detokenize", {"tokens": [512]}),
     ("/v1/messages", {"model": "", "messages": [{"role": "user", "content": "hi"}]}),
-    ("/v1/responses", {"input": "hi", "reasoning": {"effort": "high"}}),
+    ("/v1/responses", {"input": "hi", "reasoning": {"effort": "high", "summary": "auto"}}),
+    ("/v1/responses", {"input": "hi", "top_logprobs": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "reasoning_effort": "extreme"}),
+    ("/v1/messages", {"model": "", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
+                      "mcp_servers": [{"name": "x"}]}),
+    ("/v1/messages/count_tokens", {"model": "", "max_tokens": 1,
+                                   "messages": [{"role": "user", "content": "hi"}]}),
 ]
 
 

@@ -213,12 +213,32 @@ def test_tools_and_tool_choice():
     ({"thinking": {"type": "adaptive"}}, "thinking"),
     ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ({"container": "c"}, "container"),
-    ({"output_config": {"effort": "low"}}, "output_config"),
+    ({"output_config": {"effort": "lots"}}, "output_config"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config"),
+    ({"output_config": {"verbosity": "low"}}, "output_config"),
+    ({"output_config": "json"}, "output_config"),
     ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"stop": ["x"]}, "stop"),
     ({"model": 3}, "model"), ({"stream": "maybe"}, "stream")])
 def test_refused_fields_are_named(request_fields, param):
     exc = refused({"max_tokens": 1, "messages": USER, **request_fields})
     assert exc.param == param and exc.message.lstrip("'").startswith(param)
+
+
+def test_output_config_becomes_a_response_format_and_a_template_variable():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    got = body(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"})
+    assert got["response_format"] == {"type": "json_schema",
+                                      "json_schema": {"name": "output", "schema": schema}}
+    assert got["chat_template_kwargs"] == {"reasoning_effort": "low"}
+    # the request's own chat_template_kwargs win
+    got = body(output_config={"effort": "high"}, chat_template_kwargs={"reasoning_effort": "low", "x": 1})
+    assert got["chat_template_kwargs"] == {"reasoning_effort": "low", "x": 1}
+
+
+def test_unknown_fields_are_logged_and_ignored(caplog):
+    with caplog.at_level("WARNING", logger="pyserve"):
+        got = body(frobnicate=1, zeta={"a": 2})
+    assert "frobnicate, zeta" in caplog.text and "frobnicate" not in got
 
 
 def test_stream_asks_for_usage():

@@ -84,6 +84,36 @@ def test_reserved_keys_are_refused_on_every_route_and_others_reach_the_template(
     assert out.choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("tool", [
+    {"type": "function"}, {"function": {}}, {"type": "function", "function": {"description": "x"}},
+    {"name": "add", "parameters": {}}, "add", {"type": "web_search", "function": {"name": "add"}},
+])
+def test_malformed_tools_are_a_400_whatever_the_tool_choice(server, tool):
+    """vLLM checks each tool's shape in every mode: "none" still renders the tools into the
+    prompt, so a tool the server cannot read is never dropped silently."""
+    for choice in ("none", "required"):
+        refused(server, CHAT, {"messages": MSG, "max_tokens": 1, "tools": [tool],
+                               "tool_choice": choice}, "tools", "tools[0]")
+    refused(server, "/tokenize", {"messages": MSG, "tools": [tool]}, "tools", "tools[0]")
+
+
+def test_vllm_chat_fields_that_change_nothing_or_reach_the_template(server):
+    """reasoning_effort (vLLM's chat field) becomes the template variable of that name;
+    modalities ["text"] and the legacy function_call "none" / "auto" (no functions) ask for
+    nothing this server lacks; other values of them are a 400 naming them."""
+    from pyserve.server.openai.messages import template_kwargs
+
+    assert template_kwargs({"reasoning_effort": "low"}) == {"reasoning_effort": "low"}
+    assert template_kwargs({"reasoning_effort": "low", "chat_template_kwargs": {
+        "reasoning_effort": "high"}}) == {"reasoning_effort": "high"}
+    for extra in ({"reasoning_effort": "low"}, {"modalities": ["text"]}, {"function_call": "none"},
+                  {"function_call": "auto"}):
+        accepted(server, CHAT, {"messages": MSG, "max_tokens": 1, **extra})
+    for name, value in (("reasoning_effort", "extreme"), ("modalities", ["text", "audio"]),
+                        ("function_call", {"name": "f"})):
+        refused(server, CHAT, {"messages": MSG, "max_tokens": 1, name: value}, name)
+
+
 def test_documents_must_be_a_list_of_objects(server):
     for documents in ("doc", [1], [["a"]], {"title": "x"}):
         refused(server, CHAT, {"messages": MSG, "max_tokens": 1, "documents": documents}, "documents")

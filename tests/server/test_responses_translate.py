@@ -106,8 +106,10 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
 @pytest.mark.parametrize("body,param,words", [
     ({"input": "x", "tools": [{"type": "web_search"}, ADD, {"type": "file_search"}]}, "tools",
      "web_search, file_search"),
-    ({"input": "x", "frobnicate": 1, "zeta": 2}, "frobnicate", "frobnicate, zeta"),
-    ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning", "reasoning"),
+    ({"input": "x", "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning", "summary"),
+    ({"input": "x", "reasoning": {"budget": 5}}, "reasoning", "budget"),
+    ({"input": "x", "reasoning": "low"}, "reasoning", "object"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs", "top_logprobs"),
     ({"input": "x", "truncation": "auto"}, "truncation", "truncation"),
     ({"input": "x", "background": True, "store": False}, "background", "store"),  # vLLM's words
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "logprobs"),
@@ -262,7 +264,9 @@ def test_events_follow_openais_order_and_validate():
 def test_streamed_length_and_empty_and_failure():
     events, done = run_events(turn(), [chunk({"role": "assistant", "content": ""}),
                                        chunk({"content": "ab"}, "length")])
-    assert events[-1]["type"] == "response.incomplete" and done[0]["status"] == "incomplete"
+    # vLLM's terminal event, the response's own status incomplete
+    assert events[-1]["type"] == "response.completed" and done[0]["status"] == "incomplete"
+    assert events[-1]["response"]["status"] == "incomplete"
     assert EVENT.validate_python(events[-1]).response.output[0].status == "incomplete"
     events, _ = run_events(turn(), [chunk({"role": "assistant", "content": ""}), chunk({"content": ""}, "stop")])
     assert [e["type"] for e in events][2:] == [
@@ -531,3 +535,15 @@ def test_only_the_most_recent_background_streams_keep_their_events(monkeypatch):
         status, again = await answer(api.retrieve, "/x?stream=true", response_id=ids[1])
         assert status == 200 and sse_events(again)[-1]["type"] == "response.completed"
     asyncio.run(main())
+
+
+def test_unknown_fields_are_ignored_with_a_log_line_and_effort_reaches_the_chat_path(caplog):
+    """As vLLM's request model allows extra fields (and the chat route logs them), an SDK's
+    newer field does not break a request; reasoning.effort becomes the chat path's
+    reasoning_effort."""
+    with caplog.at_level("WARNING", logger="pyserve"):
+        chat, _ = chat_body({"input": "x", "frobnicate": 1, "zeta": 2,
+                             "reasoning": {"effort": "low", "summary": None}}, [])
+    assert "frobnicate, zeta" in caplog.text
+    assert "frobnicate" not in chat and chat["reasoning_effort"] == "low"
+    assert "reasoning_effort" not in chat_body({"input": "x", "reasoning": {}}, [])[0]

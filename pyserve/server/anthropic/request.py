@@ -17,15 +17,18 @@
     tool_choice auto | any | tool | none  "auto" | "required" | a named function | "none";
                                           disable_parallel_tool_use -> parallel_tool_calls false
     thinking                              absent or disabled only (no thinking budget here)
+    output_config.format (json_schema)    response_format json_schema (structured outputs)
+    output_config.effort                  the chat template's reasoning_effort variable
     metadata, service_tier, speed,        accepted: they change nothing (cache_control on a
     user_profile_id, workspace_id,        block too: prefix caching here is automatic)
     inference_geo, cache_control
 
 pyserve's own sampling and structured-output fields (vLLM's extras, e.g. `structured_outputs`)
-pass through with their chat meaning. Anything else is a 400 naming it: images and documents
-(the models served take text only), thinking blocks, server tools, and fields that would change
-the answer in a way this server cannot honour. Errors are APIError(400, message, param), with
-Anthropic's field names."""
+pass through with their chat meaning. A 400 names what this server cannot honour: images and
+documents (the models served take text only), thinking blocks, server tools, REFUSED below
+(MCP servers, containers, OpenAI chat fields that would change the answer). Other unknown
+fields are ignored with a warning naming them in the log, as vLLM ignores them. Errors are
+APIError(400, message, param), with Anthropic's field names."""
 
 from __future__ import annotations
 
@@ -33,15 +36,21 @@ import json
 
 from pyserve.server.errors import APIError
 from pyserve.server.request_limits import MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOOLS
-from pyserve.server.values import brief, field
+from pyserve.server.values import brief, field, log_ignored_fields
 
 # vLLM's extras to the chat request, read by the chat path as on /v1/chat/completions
 PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "presence_penalty",
-               "frequency_penalty", "min_tokens", "chat_template_kwargs")
+               "frequency_penalty", "min_tokens", "chat_template_kwargs", "ignore_eos")
+# Anthropic's fields pyserve cannot honour, and OpenAI chat fields sent here by mistake that
+# would change the answer: a 400 naming them. Any other unknown field is ignored with a warning
+# naming it in the log, as vLLM's Anthropic request model ignores extra fields (an SDK's newer
+# fields must not break requests).
+REFUSED = frozenset(("mcp_servers", "container", "context_management", "n", "logprobs",
+                     "top_logprobs", "stop", "response_format", "max_completion_tokens", "best_of"))
 NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "inference_geo",
              "cache_control")
 _PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
-                  "speed", "user_profile_id", "workspace_id"}
+                  "speed", "user_profile_id", "workspace_id", "output_config"}
 FIELDS = {
     "messages": _PROMPT_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
                                   "stream", *NO_EFFECT, *PASSTHROUGH},
@@ -216,14 +225,46 @@ def _tool_choice(choice, body: dict) -> None:
         body["parallel_tool_calls"] = False
 
 
+def _output_config(config, body: dict) -> None:
+    """output_config: format {"type": "json_schema", "schema"} -> the chat path's json_schema
+    response_format (the SDK's messages.parse sends it); effort -> the chat template's
+    reasoning_effort variable, as the chat route's reasoning_effort (templates that take an
+    effort read it; chat_template_kwargs' own value wins)."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        _fail("output_config", "must be an object")
+    _check_keys(config, "output_config", {"format", "effort"})
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
+                or not isinstance(fmt.get("schema"), dict):
+            _fail("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
+        _check_keys(fmt, "output_config.format", {"type", "schema"})
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in ("low", "medium", "high", "xhigh", "max"):
+            _fail("output_config.effort", f"must be low, medium, high, xhigh or max, got {brief(effort)}")
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs.setdefault("reasoning_effort", effort)
+        body["chat_template_kwargs"] = kwargs
+
+
 def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     """(the chat body, the stop sequences) for a /v1/messages request, or (route
     "count_tokens") the body whose rendered prompt /v1/messages/count_tokens counts."""
     if not isinstance(request, dict):
         raise APIError(400, "the request body must be a JSON object")
+    unknown = set()
     for name in request:
         if name not in FIELDS[route] and request[name] is not None:
-            _fail(name, "this field is not supported by this server")
+            # count_tokens counts a prompt: a generation field there is a client's mistake
+            if name in REFUSED or name in FIELDS["messages"]:
+                _fail(name, "this field is not supported by this server")
+            unknown.add(name)
+    log_ignored_fields(unknown)
     model = request.get("model")
     if model is not None and not isinstance(model, str):
         _fail("model", "must be a string")
@@ -255,6 +296,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     for name in PASSTHROUGH:
         if request.get(name) is not None and name in FIELDS[route]:
             body[name] = request[name]
+    _output_config(request.get("output_config"), body)
     if route == "count_tokens":
         return body, []
     max_tokens = field(request, "max_tokens", int)

@@ -14,12 +14,8 @@ none is ignored unseen:
 
 from __future__ import annotations
 
-import heapq
-import logging
-
 from pyserve.server.errors import APIError
-
-logger = logging.getLogger("pyserve")
+from pyserve.server.values import log_ignored_fields
 
 _COMMON = {
     "model", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -36,7 +32,8 @@ IMPLEMENTED = {
     "completions": _COMMON | {"prompt", "echo", "suffix"},
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                        "add_generation_prompt", "continue_final_message", "documents", "chat_template",
-                       "chat_template_kwargs", "parallel_tool_calls", "include_reasoning", "echo"},
+                       "chat_template_kwargs", "parallel_tool_calls", "include_reasoning", "echo",
+                       "reasoning_effort"},
 }
 NO_EFFECT = {"user", "store", "metadata", "service_tier"}
 # field -> its default: anything else is refused
@@ -44,8 +41,8 @@ REFUSED_UNLESS_DEFAULT = {
     "logits_processors": None,
     "cache_salt": None,
     "kv_transfer_params": None, "mm_processor_kwargs": None,
-    "prompt_embeds": None, "echo_chat": None, "reasoning_effort": None, "audio": None,
-    "modalities": None, "prediction": None, "functions": None, "function_call": None,
+    "prompt_embeds": None, "echo_chat": None, "audio": None,
+    "modalities": ["text"], "prediction": None, "functions": None, "function_call": ("none", "auto"),
     "web_search_options": None, "processed_prompt": None,
 }
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields
@@ -57,11 +54,11 @@ _ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice"
 def check_fields(body: dict, route: str) -> None:
     """400 for a field pyserve does not implement; a log line for fields vLLM does not know."""
     for name, default in (REFUSED_UNLESS_DEFAULT | _ROUTE_REFUSED[route]).items():
-        if name in body and body[name] not in (default, None):
+        # a default is one value, or a tuple of values that change nothing ("none" and "auto"
+        # for the legacy function_call, with no `functions` to call)
+        if name in body and body[name] is not None and body[name] not in (
+                default if isinstance(default, tuple) else (default,)):
             raise APIError(400, f"{name} is not supported on this endpoint by this server", name)
     unknown = (set(body) - IMPLEMENTED[route] - NO_EFFECT - set(REFUSED_UNLESS_DEFAULT)
                - set(_ROUTE_REFUSED[route]))
-    if unknown:  # a log line of bounded length, however many names a body holds
-        shown = heapq.nsmallest(20, unknown)
-        logger.warning("the following fields were present in the request but ignored: %s%s",
-                       ", ".join(shown), f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+    log_ignored_fields(unknown)

@@ -70,14 +70,27 @@ def template_messages(body: dict) -> list[dict]:
     return cleaned
 
 
+# OpenAI's reasoning_effort values; vLLM's chat request takes the field
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
 def template_kwargs(body: dict) -> dict:
-    """The request's chat_template_kwargs (a copy), none of them a reserved name."""
+    """The request's chat_template_kwargs (a copy), none of them a reserved name, and its
+    reasoning_effort as the template variable of that name (the one chat templates that take
+    an effort read, gpt-oss's among them; chat_template_kwargs' own value wins)."""
     kwargs = field(body, "chat_template_kwargs", dict, {})
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: the "
                        "request's own fields and the server set these", "chat_template_kwargs")
-    return dict(kwargs)
+    kwargs = dict(kwargs)
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise APIError(400, f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                           f"got {brief(effort)}", "reasoning_effort")
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
 
 
 def template_documents(body: dict) -> list | None:
@@ -89,6 +102,17 @@ def template_documents(body: dict) -> list | None:
         raise APIError(400, "'documents' must be a list of objects", "documents")
     capped("documents", documents, MAX_DOCUMENTS, "documents")
     return documents
+
+
+def tool_function(tool, i: int) -> dict:
+    """tools[i]'s function, checked as vLLM's request model checks it, whatever tool_choice
+    says: {"type": "function", "function": {"name": str, ...}}."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or tool.get("type", "function") != "function" \
+            or not isinstance(function.get("name"), str):
+        raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
+                       "{\"name\": ..., \"parameters\": ...}}", "tools")
+    return function
 
 
 def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, list | None]:
@@ -103,6 +127,8 @@ def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, li
         raise APIError(400, "'tools' must be a list", "tools")
     if tools:
         capped("tools", tools, MAX_TOOLS, "tools")
+        for i, tool in enumerate(tools):  # in every mode: "auto" and "none" render them too
+            tool_function(tool, i)
     if not generating:
         return "none", tools or None
     if not tools:

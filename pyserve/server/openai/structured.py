@@ -20,6 +20,7 @@ import orjson
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import StructuredOutputsParams
 from pyserve.server.errors import APIError
+from pyserve.server.openai.messages import tool_function
 from pyserve.server.values import brief, check_nesting
 
 _ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -120,15 +121,6 @@ def structured_outputs(body: dict) -> tuple[StructuredOutputsParams | None, str 
     return found[0] if found else (None, None)
 
 
-def _function(tool, i: int) -> dict:
-    function = tool.get("function") if isinstance(tool, dict) else None
-    if tool.get("type", "function") != "function" or not isinstance(function, dict) \
-            or not isinstance(function.get("name"), str):
-        raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
-                       "{\"name\": ..., \"parameters\": ...}}", "tools")
-    return function
-
-
 def _parameters(function: dict) -> dict:
     parameters = function.get("parameters")
     return parameters if isinstance(parameters, dict) and parameters else {"type": "object", "properties": {}}
@@ -149,7 +141,7 @@ def forced_tool_name(tool_choice) -> str | None:
 def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
     """The grammar that makes the output a valid call: the named tool's arguments, or (for
     "required") a non-empty JSON list of {"name", "parameters"} over every tool."""
-    functions = [_function(t, i) for i, t in enumerate(tools)]
+    functions = [tool_function(t, i) for i, t in enumerate(tools)]
     name = forced_tool_name(tool_choice)
     if name is not None:
         for function in functions:

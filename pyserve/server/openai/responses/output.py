@@ -6,8 +6,11 @@ response "incomplete" (reason max_output_tokens) and its last item too. Streams 
 OpenAI's order: response.created, response.in_progress, then per item output_item.added,
 (content_part.added, output_text.delta..., output_text.done, content_part.done) or
 (function_call_arguments.delta..., function_call_arguments.done), output_item.done, and last
-response.completed / response.incomplete with the whole response (response.failed if the
-engine fails). Each event carries its type and a sequence_number from 0."""
+response.completed with the whole response, whose status may be "incomplete" (vLLM's
+terminal event; OpenAI sends response.incomplete then, which the openai SDK's stream helper
+cannot finish on: `responses.stream(...).get_final_response()` raises without a
+response.completed), or response.failed if the engine fails. Each event carries its type and a
+sequence_number from 0."""
 
 from __future__ import annotations
 
@@ -133,7 +136,7 @@ class Turn:
         status = "incomplete" if stream.finish == "length" else "completed"
         final = self.response(status, stream.items, stream.usage)
         done.append(final)
-        yield stream.event(f"response.{status}", response=final)
+        yield stream.event("response.completed", response=final)
 
 
 class _Events:

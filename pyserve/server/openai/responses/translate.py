@@ -20,16 +20,19 @@ messages (for the prompt, and for the store that later turns build on).
     text.format                     response_format: json_schema {name, schema, strict},
                                     json_object, or nothing for text
     parallel_tool_calls             the same
+    reasoning {"effort"}            reasoning_effort (the chat template's variable); a summary
+                                    is a 400 (no reasoning summaries here)
     stream                          stream, with stream_options.include_usage
     background                      the same stream (background.py reads it in a task); it
                                     needs store (vLLM's 400 otherwise)
 
 vLLM's Responses extras (top_k, repetition_penalty, seed, stop, ignore_eos,
 structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias, priority,
-request_id) pass through to the chat path, which reads them as it does on chat. Everything
-else is a 400 naming the field: unknown fields (the Responses API has no vLLM log-and-ignore
-tradition to follow, and a silently dropped field changes what the client gets), hosted tools,
-reasoning, truncation "auto", and the rest of OpenAI's stateful features."""
+request_id) pass through to the chat path, which reads them as it does on chat. Fields vLLM's
+request does not know are ignored with a warning naming them in the log, as on the chat route
+and in vLLM (whose request model allows extra fields). OpenAI fields pyserve does not implement
+are a 400 naming the field: hosted tools, truncation "auto", top_logprobs, and the rest of
+OpenAI's stateful features."""
 
 from __future__ import annotations
 
@@ -37,12 +40,12 @@ import json
 
 from pyserve.server.errors import APIError
 from pyserve.server.request_limits import MAX_MESSAGES, MAX_TOOLS
-from pyserve.server.values import brief, capped, field
+from pyserve.server.values import brief, capped, field, log_ignored_fields
 
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
                "tool_choice", "text", "stream", "store", "previous_response_id",
-               "parallel_tool_calls", "include", "background"}
+               "parallel_tool_calls", "include", "background", "reasoning"}
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
@@ -53,7 +56,7 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
              "stream_options"}
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
-REFUSED_UNLESS_DEFAULT = {"reasoning": None, "truncation": "disabled", "top_logprobs": 0,
+REFUSED_UNLESS_DEFAULT = {"truncation": "disabled", "top_logprobs": 0,
                           "max_tool_calls": None, "prompt": None, "conversation": None,
                           "prompt_cache_retention": None, "context_management": None}
 # OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
@@ -68,15 +71,18 @@ METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 TEXT_PARTS = ("input_text", "output_text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 # a chat-path error's param -> the Responses field it came from
-PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}
+PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
+          "reasoning_effort": "reasoning"}
 
 
 def check_fields(body: dict) -> None:
+    """400 for a field pyserve does not implement; a fields vLLM's request does not know are
+    ignored with a line in the log naming them, as on the chat route and in vLLM (an SDK's
+    newer fields must not break requests)."""
     known = IMPLEMENTED | PASSED_THROUGH | NO_EFFECT | set(REFUSED_UNLESS_DEFAULT)
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise APIError(400, f"unknown field{'s' if len(unknown) > 1 else ''} for /v1/responses: "
-                       f"{', '.join(unknown)}", unknown[0])
+    unknown = set(body) - known
+    log_ignored_fields(unknown)
+    _check_reasoning(body.get("reasoning"))
     for name, default in REFUSED_UNLESS_DEFAULT.items():
         if body.get(name) not in (None, default):
             raise APIError(400, f"{name} is not supported by this server"
@@ -249,6 +255,21 @@ def response_format(text) -> dict | None:
                    "text")
 
 
+def _check_reasoning(reasoning) -> None:
+    """reasoning {"effort"}: the chat path's reasoning_effort (a template variable); a summary
+    asks for output pyserve does not produce."""
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict):
+        raise APIError(400, "reasoning must be an object", "reasoning")
+    for key, value in reasoning.items():
+        if key not in ("effort", "summary", "generate_summary"):
+            raise APIError(400, f"reasoning.{brief(key)} is not a reasoning field", "reasoning")
+        if key != "effort" and value is not None:
+            raise APIError(400, f"reasoning.{key} is not supported by this server (no reasoning "
+                           "summaries)", "reasoning")
+
+
 def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     """(the chat body, the conversation so far as chat messages: history plus this input,
     without the instructions)."""
@@ -267,6 +288,8 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
             raise APIError(400, f"max_output_tokens must be at least 1, got {max_output}",
                            "max_output_tokens")
         chat["max_tokens"] = max_output
+    if (body.get("reasoning") or {}).get("effort") is not None:
+        chat["reasoning_effort"] = body["reasoning"]["effort"]  # checked by the chat path
     for name in ("temperature", "top_p", "parallel_tool_calls", *sorted(PASSED_THROUGH)):
         if body.get(name) is not None:
             chat[name] = body[name]
