@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pyserve.server.anthropic.request import REFUSED as ANTHROPIC_REFUSED
 from pyserve.server.openai.messages import REASONING_EFFORTS
+from pyserve.server.openai.responses.translate import INCLUDES as RESPONSES_INCLUDES
 from pyserve.server.request_limits import MAX_N, MAX_STOP, MAX_STOP_CHARS
 
 INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
@@ -268,12 +269,11 @@ def _responses(facts) -> dict:
                                                ("type", "name"))]}),
         "text": nullable(obj({"format": fmt})), "stream": nullable(BOOL), "store": nullable(BOOL),
         "previous_response_id": nullable(STRING), "parallel_tool_calls": nullable(BOOL),
-        "include": nullable({"type": "array", "items": {  # logprobs are refused
-            "type": "string", "not": {"const": "message.output_text.logprobs"}}}),
+        "include": nullable({"type": "array", "items": {"enum": list(RESPONSES_INCLUDES)}}),
         **passed, "metadata": nullable({"type": "object"}), "user": nullable(STRING),
         "service_tier": nullable(STRING), "safety_identifier": nullable(STRING),
         "prompt_cache_key": nullable(STRING), "truncation": nullable({"const": "disabled"}),
-        "background": nullable(BOOL), "top_logprobs": nullable({"const": 0}),
+        "background": nullable(BOOL), "top_logprobs": nullable(_int(0, 20)),
         "reasoning": nullable(obj({"effort": nullable({"enum": list(REASONING_EFFORTS)}),
                                    "summary": {"type": "null"}, "generate_summary": {"type": "null"}},
                                   extra=False))},

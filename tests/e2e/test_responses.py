@@ -162,6 +162,40 @@ def test_text_format_json_schema(client):
     assert isinstance(json.loads(obj.output_text), dict)
 
 
+def test_logprobs_when_included_equal_the_chat_paths(client):
+    """include message.output_text.logprobs (top_logprobs alternatives each), as vLLM reads
+    them: the output text's token logprobs, the chat route's for the same request, whole and
+    streamed alike; top_logprobs without the include adds none (vLLM's rule)."""
+    question = "What is the capital of France?"
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                          temperature=0, max_tokens=8, logprobs=True, top_logprobs=2)
+    expected = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                for t in chat.choices[0].logprobs.content]
+    r = ask(client, input=question, max_output_tokens=8, top_logprobs=2,
+            include=["message.output_text.logprobs"])
+    got = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+           for t in r.output[0].content[0].logprobs]
+    # the same tokens and alternatives; the values within what a prefix-cache hit's different
+    # prefill chunks move them (the later requests reuse the first one's prompt blocks)
+    def same(a, b):
+        assert [(t, [x for x, _ in alt]) for t, _, alt in a] == [(t, [x for x, _ in alt]) for t, _, alt in b]
+        assert [lp for _, lp, _ in a] == pytest.approx([lp for _, lp, _ in b], abs=1e-3)
+
+    same(got, expected)
+    assert len(got) == 8 and r.top_logprobs == 2
+    events = list(ask(client, input=question, max_output_tokens=8, top_logprobs=2, stream=True,
+                      include=["message.output_text.logprobs"]))
+    final = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+             for t in events[-1].response.output[0].content[0].logprobs]
+    same(final, expected)
+    # the deltas carry their own tokens' (a token without text, the end of turn here, has no
+    # delta: only the message holds it)
+    deltas = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+              for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert deltas and deltas == final[:len(deltas)]
+    assert ask(client, input=question, max_output_tokens=8, top_logprobs=2).output[0].content[0].logprobs == []
+
+
 def test_max_output_tokens_is_incomplete(client):
     r = ask(client, input="Count from one to one hundred in words.", max_output_tokens=5)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -130,7 +130,7 @@ REFUSED = [  # each one a body the route answers with a 400, the bound stated in
     ("/detokenize", {"tokens": [512]}),
     ("/v1/messages", {"model": "", "messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/responses", {"input": "hi", "reasoning": {"effort": "high", "summary": "auto"}}),
-    ("/v1/responses", {"input": "hi", "top_logprobs": 3}),
+    ("/v1/responses", {"input": "hi", "top_logprobs": 21}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "reasoning_effort": "extreme"}),
     ("/v1/messages", {"model": "", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],

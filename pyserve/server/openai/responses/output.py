@@ -37,13 +37,21 @@ def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+def message_item(text: str, status: str = "completed", item_id: str | None = None,
+                 logprobs: list | None = None) -> dict:
     return {"type": "message", "id": item_id or _id("msg_"), "status": status, "role": "assistant",
-            "content": [text_part(text)]}
+            "content": [text_part(text, logprobs)]}
 
 
-def text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or [])}
+
+
+def chat_logprobs(choice: dict) -> list[dict]:
+    """A chat choice's (or chunk choice's) token logprobs as Responses' output_text logprobs:
+    the same {token, logprob, bytes, top_logprobs} entries (the chat path fills them only when
+    the request included message.output_text.logprobs), [] without them."""
+    return list((choice.get("logprobs") or {}).get("content") or [])
 
 
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
@@ -88,7 +96,8 @@ class Turn:
             "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
             "prompt_cache_key": body.get("prompt_cache_key"),
             "service_tier": body.get("service_tier") or "auto",  # vLLM's echo (it has one tier)
-            "background": field(body, "background", bool, False)}
+            "background": field(body, "background", bool, False),
+            "top_logprobs": field(body, "top_logprobs", int, 0)}
 
     def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
                  error: dict | None = None) -> dict:
@@ -102,7 +111,8 @@ class Turn:
     def from_completion(self, completion: dict) -> dict:
         choice = completion["choices"][0]
         message = choice["message"]
-        output = [message_item(message["content"])] if message.get("content") else []
+        output = ([message_item(message["content"], logprobs=chat_logprobs(choice))]
+                  if message.get("content") else [])
         output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
                    for c in message.get("tool_calls") or []]
         if not output:
@@ -162,6 +172,7 @@ class _Events:
         for choice in chunk.get("choices") or []:
             self.finish = choice.get("finish_reason") or self.finish
             delta = choice.get("delta") or {}
+            logprobs = chat_logprobs(choice)
             if delta.get("content"):
                 if self.open is None or self.items[self.open]["type"] != "message":
                     events += self.close(None)
@@ -169,7 +180,13 @@ class _Events:
                     events.append(self._at("response.content_part.added", part=text_part("")))
                 item = self.items[self.open]
                 item["content"][0]["text"] += delta["content"]
-                events.append(self._at("response.output_text.delta", delta=delta["content"], logprobs=[]))
+                item["content"][0]["logprobs"] += logprobs
+                events.append(self._at("response.output_text.delta", delta=delta["content"],
+                                       logprobs=logprobs))
+            elif logprobs and self.open is not None and self.items[self.open]["type"] == "message":
+                # tokens whose text the chat path held back (a stop string's prefix): the
+                # message's, as in a whole answer
+                self.items[self.open]["content"][0]["logprobs"] += logprobs
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 if call["index"] not in self.calls:
@@ -208,9 +225,9 @@ class _Events:
         item = self.items[self.open]
         item["status"] = "incomplete" if finish in ("length", "error") else "completed"
         if item["type"] == "message":
-            text = item["content"][0]["text"]
-            events.append(self._at("response.output_text.done", text=text, logprobs=[]))
-            events.append(self._at("response.content_part.done", part=text_part(text)))
+            text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
+            events.append(self._at("response.output_text.done", text=text, logprobs=logprobs))
+            events.append(self._at("response.content_part.done", part=text_part(text, logprobs)))
         else:
             events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                      output_index=self.open, arguments=item["arguments"]))

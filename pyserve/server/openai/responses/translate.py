@@ -31,7 +31,7 @@ structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias,
 request_id) pass through to the chat path, which reads them as it does on chat. Fields vLLM's
 request does not know are ignored with a warning naming them in the log, as on the chat route
 and in vLLM (whose request model allows extra fields). OpenAI fields pyserve does not implement
-are a 400 naming the field: hosted tools, truncation "auto", top_logprobs, and the rest of
+are a 400 naming the field: hosted tools, truncation "auto", and the rest of
 OpenAI's stateful features."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pyserve.server.values import brief, capped, field, log_ignored_fields
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
                "tool_choice", "text", "stream", "store", "previous_response_id",
-               "parallel_tool_calls", "include", "background", "reasoning"}
+               "parallel_tool_calls", "include", "background", "reasoning", "top_logprobs"}
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
@@ -56,16 +56,18 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
              "stream_options"}
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
-REFUSED_UNLESS_DEFAULT = {"truncation": "disabled", "top_logprobs": 0,
+REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
                           "max_tool_calls": None, "prompt": None, "conversation": None,
                           "prompt_cache_retention": None, "context_management": None}
 # OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
-# ask for nothing, and the refused ones would add output pyserve does not produce
+# ask for nothing
 INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
             "message.input_image.image_url", "computer_call_output.output.image_url",
             "code_interpreter_call.outputs", "reasoning.encrypted_content",
             "message.output_text.logprobs")
-REFUSED_INCLUDES = {"message.output_text.logprobs"}
+# the include value that asks for the output text's token logprobs (top_logprobs many
+# alternatives each), as vLLM reads it
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's bounds on metadata
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 TEXT_PARTS = ("input_text", "output_text")
@@ -94,10 +96,6 @@ def check_fields(body: dict) -> None:
         unknown = [i for i in include if i not in INCLUDES]
         if unknown:
             raise APIError(400, f"include value {brief(unknown[0])} is not one of {', '.join(INCLUDES)}",
-                           "include")
-        refused = sorted(set(include) & REFUSED_INCLUDES)
-        if refused:
-            raise APIError(400, f"include {', '.join(refused)} is not supported by this server",
                            "include")
     # store null is store true (the default), as vLLM reads it
     if field(body, "background", bool, False) and not field(body, "store", bool, True):
@@ -290,6 +288,11 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
         chat["max_tokens"] = max_output
     if (body.get("reasoning") or {}).get("effort") is not None:
         chat["reasoning_effort"] = body["reasoning"]["effort"]  # checked by the chat path
+    top = field(body, "top_logprobs", int)
+    if top is not None and not 0 <= top <= 20:
+        raise APIError(400, f"top_logprobs must be between 0 and 20, got {top}", "top_logprobs")
+    if LOGPROBS_INCLUDE in (body.get("include") or []):  # vLLM: logprobs only when included
+        chat["logprobs"], chat["top_logprobs"] = True, top or 0
     for name in ("temperature", "top_p", "parallel_tool_calls", *sorted(PASSED_THROUGH)):
         if body.get(name) is not None:
             chat[name] = body[name]
