@@ -1,20 +1,23 @@
 """pyserve: an LLM inference server in the class of vLLM."""
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "BeamSearchParams", "PoolingParams",
+           "StructuredOutputsParams", "RequestOutputKind", "TextPrompt", "TokensPrompt"]
+
+# what `from vllm import X` users import, by module; loaded on first use so that
+# `python -m pyserve --help` stays fast (no torch)
+_EXPORTS = {"LLM": "pyserve.llm", "SamplingParams": "pyserve.sampling_params",
+            "BeamSearchParams": "pyserve.sampling_params",
+            "StructuredOutputsParams": "pyserve.sampling_params",
+            "RequestOutputKind": "pyserve.sampling_params", "RequestOutput": "pyserve.engine.output",
+            "PoolingParams": "pyserve.pooling_params", "TextPrompt": "pyserve.inputs",
+            "TokensPrompt": "pyserve.inputs"}
 
 
-def __getattr__(name):  # keep `python -m pyserve --help` fast: import torch only when needed
-    if name == "LLM":
-        from pyserve.llm import LLM
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(name)
+    import importlib
 
-        return LLM
-    if name == "SamplingParams":
-        from pyserve.sampling_params import SamplingParams
-
-        return SamplingParams
-    if name == "RequestOutput":
-        from pyserve.engine.output import RequestOutput
-
-        return RequestOutput
-    raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pyserve.config import (DEVICES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS, KV_CACHE_DTYPES,
-                            LOAD_FORMATS, RAY_COLLECTIVES,
+from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, GGUF_ACTIVATIONS,
+                            KV_CACHE_DTYPES, LOAD_FORMATS, RAY_COLLECTIVES,
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
@@ -28,7 +28,8 @@ from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable
 
 ENV_PREFIX = "PYSERVE_"
 # uvicorn's names, as vLLM's --uvicorn-log-level takes them; trace is logged as debug
-LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 10}
+LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "warn": 30, "info": 20, "debug": 10,
+              "trace": 10}
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ def _model_flags(g) -> None:
     g.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     g.add_argument("--served-model-name", nargs="+",
                    help="model name(s) the API answers to; the first is reported")
-    g.add_argument("--dtype", choices=DTYPES, default="auto",
+    g.add_argument("--dtype", choices=DTYPES + tuple(a for a in DTYPE_ALIASES if "." not in a),
+                   default="auto",
                    help="weight and activation dtype; auto: float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--max-model-len", type=human_readable_int_or_auto,
                    help="context length (prompt + output), e.g. 2048, 4k, 4K; default (or auto, "
@@ -294,7 +296,7 @@ def _server_flags(g) -> None:
 
 
 def _logging_flags(g) -> None:
-    g.add_argument("--log-level", "--uvicorn-log-level", type=str.lower, choices=LOG_LEVELS,
+    g.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
                    help="log level (default: $VLLM_LOGGING_LEVEL, else info)")
     g.add_argument("--enable-log-requests", action="store_true", help="log a line per request")
     g.add_argument("--disable-log-requests", action="store_true",

@@ -13,6 +13,9 @@ from pyserve.pooling_params import PoolerConfig
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's other names for them (--dtype half, LLM(dtype="float"), LLM(dtype=torch.float16))
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "torch.float32": "float32",
+                 "torch.float16": "float16", "torch.bfloat16": "bfloat16"}
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -233,6 +236,11 @@ class Config:
     @staticmethod
     def from_flat(**values) -> "Config":
         """Builds a Config from flat keyword names (the CLI's dests, LLM(...)'s kwargs)."""
+        if "seed" in values and values["seed"] is None:  # vLLM's LLM(seed=None): unseeded
+            values["seed"] = int.from_bytes(os.urandom(7), "little")
+        dtype = values.get("dtype")
+        if dtype is not None and str(dtype) in DTYPE_ALIASES:
+            values["dtype"] = DTYPE_ALIASES[str(dtype)]
         if isinstance(values.get("kv_cache_memory"), str):
             values["kv_cache_memory"] = parse_size(values["kv_cache_memory"])
         keys = values.get("api_key")

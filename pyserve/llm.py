@@ -1,10 +1,12 @@
 """Offline generation and embeddings, as vLLM's LLM: every prompt goes through the engine
-together."""
+together. Methods take vLLM's keyword arguments: use_tqdm is accepted (no progress bar is
+drawn), lora_request must be None (no adapters here)."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Sequence
 
 from pyserve.config import Config
@@ -15,9 +17,27 @@ from pyserve.engine.output import EmbeddingOutput, EmbeddingRequestOutput, Reque
 from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pyserve.executor.multiproc import refuse_in_bootstrapping_child
+from pyserve.server.errors import APIError
+from pyserve.server.openai.messages import load_template, template_messages
 from pyserve.tokenizer.tokenizer import apply_chat_template
+from pyserve.vllm_flags import FOREIGN, check_foreign
 
 Prompt = str | list[int] | dict
+logger = logging.getLogger("pyserve")
+
+
+def _no_lora(lora_request) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request: pyserve serves no LoRA adapters")
+
+
+def _vllm_only_flags(flags: dict) -> None:
+    """vLLM's engine arguments that have no use here (trust_remote_code, swap_space, ...):
+    taken out of flags with the CLI's warning, or its ValueError for one pyserve refuses."""
+    dests = {flag.dest for flag in FOREIGN}
+    given = {name: flags.pop(name) for name in list(flags) if name in dests}
+    for warning in check_foreign({**dict.fromkeys(dests), **given}):
+        logger.warning(warning)
 
 
 class LLM:
@@ -25,6 +45,7 @@ class LLM:
     (dtype="float32", max_model_len=2048, kv_cache_memory=1 << 30, ...)."""
 
     def __init__(self, model: str | None = None, **flags):
+        _vllm_only_flags(flags)
         config = Config.from_flat(model=model, **flags)
         if config.parallel.tensor_parallel_size > 1:
             refuse_in_bootstrapping_child()  # before a worker re-running a script loads a model
@@ -39,6 +60,11 @@ class LLM:
 
     def get_tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def llm_engine(self) -> EngineCore:
+        """vLLM's name for the engine (llm.llm_engine.get_tokenizer(), ...)."""
+        return self.engine
 
     def _token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -55,7 +81,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, lora_request=None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        _no_lora(lora_request)
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or self.get_default_sampling_params()
@@ -67,10 +95,11 @@ class LLM:
         return self._run(prompts, lambda i, rid, ids, text: self.engine.add_request(
             rid, ids, params[i], prompt=text, priority=priority[i] if priority else 0))
 
-    def embed(self, prompts: Prompt | Sequence[Prompt],
-              pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True, lora_request=None) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt, pooled as the server's /v1/embeddings pools (vLLM's
         LLM.embed): outputs.embedding is a list of floats."""
+        _no_lora(lora_request)
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = pooling_params or PoolingParams()
@@ -80,10 +109,12 @@ class LLM:
                                        o.prompt_token_ids, o.finished) for o in outputs]
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    lora_request=None, use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search (engine/beam_search.py): per prompt a BeamSearchOutput, its
         sequences the best beams, best first (tokens: prompt and generated; text: all of them
         decoded; cum_logprob; logprobs). concurrency_limit: prompts searched together."""
+        _no_lora(lora_request)
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         searches = [beam_driver.start(self.engine, self._token_ids(p)[1], params) for p in prompts]
@@ -115,8 +146,35 @@ class LLM:
         return [outputs[i] for i in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, lora_request=None, chat_template: str | None = None,
+             chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: each conversation rendered as the server's chat route renders it
+        (text parts joined, tool calls and results passed to the template), with chat_template
+        (a file or inline; else --chat-template's, else the model's), the template's kwargs,
+        tools, and a final assistant message continued when continue_final_message."""
+        _no_lora(lora_request)
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` "
+                             "to True.")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        tokenizer = self.engine.tokenizer
-        prompts = [{"prompt_token_ids": apply_chat_template(tokenizer, c)} for c in conversations]
+        template = load_template(chat_template) or load_template(self.config.server.chat_template)
+        kwargs = dict(chat_template_kwargs or {})
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
+        if tools is not None:
+            kwargs["tools"] = tools
+        prompts = []
+        for conversation in conversations:
+            try:
+                cleaned = template_messages({"messages": conversation})
+            except APIError as exc:  # the server's check, as an offline caller's error
+                raise ValueError(exc.message) from None
+            ids = apply_chat_template(self.engine.tokenizer, cleaned, add_generation_prompt,
+                                      chat_template=template, **kwargs)
+            # RequestOutput.prompt: the rendered prompt, as vLLM's
+            prompts.append({"prompt_token_ids": ids, "prompt": self.engine.tokenizer.decode(
+                ids, skip_special_tokens=False)})
         return self.generate(prompts, sampling_params)

@@ -88,6 +88,16 @@ class SamplingParams:
     # vLLM's per-request extension arguments (the server's `vllm_xargs`); the keys pyserve
     # reads are EXTRA_ARGS' (any other is refused, never ignored)
     extra_args: dict | None = None
+    # vLLM's older name for structured_outputs (one of the two may be given)
+    guided_decoding: StructuredOutputsParams | None = None
+    # vLLM's fields pyserve does not implement: a value that would change the output is an
+    # InvalidRequest naming the field (the server refuses them alike), never ignored
+    best_of: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logits_processors: list | None = None
+    truncate_prompt_tokens: int | None = None
+    detokenize: bool = True
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +106,11 @@ class SamplingParams:
         else:
             self.stop_strings = tuple(self.stop or ())
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None and self.structured_outputs != self.guided_decoding:
+                raise InvalidRequest("guided_decoding", "give structured_outputs or guided_decoding "
+                                     "(its older name), not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if self.logit_bias:  # JSON object keys arrive as strings
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -110,6 +125,13 @@ class SamplingParams:
 
         need(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n",
              f"must be at least 1, got {self.n}")
+        need(self.best_of is None or self.best_of <= 1 or self.best_of == self.n, "best_of",
+             "above n is not supported (vLLM's V1 engine refused it too)")
+        for name in ("allowed_token_ids", "bad_words", "logits_processors"):
+            need(not getattr(self, name), name, "is not supported by this server")
+        need(self.truncate_prompt_tokens is None, "truncate_prompt_tokens",
+             "is not supported offline: truncate the prompt's token ids before generate()")
+        need(self.detokenize is True, "detokenize", "must be True: outputs always carry their text")
         # NaN passes no comparison and infinities pass one-sided ones: refused by name first
         for name in _FLOAT_FIELDS:
             need(_finite(getattr(self, name)), name, f"must be a finite number, got {getattr(self, name)}")

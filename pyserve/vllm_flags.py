@@ -71,7 +71,6 @@ HONOURED: dict[str, str | None] = {
     "--enable-server-load-tracking": "config.server.enable_server_load_tracking",
     "--enable-tokenizer-info-endpoint": "config.server.enable_tokenizer_info_endpoint",
     "--log-level": "log_level",
-    "--uvicorn-log-level": "log_level",
 }
 
 
@@ -139,8 +138,25 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     ForeignFlag(("--max-parallel-loading-workers",), "loads weights in one pass", type=int),
     ForeignFlag(("--root-path",), "serves its routes at /, which is what a proxy that strips the "
                 "prefix needs"),
-    ForeignFlag(("--disable-fastapi-docs",), "serves no /docs, /redoc or /openapi.json",
-                action="switch"),
+    ForeignFlag(("--disable-fastapi-docs",), "serves no /docs or /redoc; its /openapi.json "
+                "(behind the API key) stays", action="switch"),
+    ForeignFlag(("--async-scheduling",), "schedules each step once the last one's outputs are "
+                "in, which changes no output", action="switch"),
+    ForeignFlag(("--structured-outputs-config",), "compiles every grammar with xgrammar, its one "
+                "structured-output backend"),
+    ForeignFlag(("--max-cudagraph-capture-size",), "captures the decode sizes of "
+                "--cuda-graph-sizes", type=int),
+    ForeignFlag(("--prefix-caching-hash-algo",), "hashes prefix-cache blocks its own way"),
+    ForeignFlag(("--long-prefill-token-threshold",), "splits long prompts by "
+                "--max-num-batched-tokens only", type=int),
+    ForeignFlag(("--max-num-partial-prefills",), "splits long prompts by --max-num-batched-tokens "
+                "only", type=int),
+    ForeignFlag(("--max-long-partial-prefills",), "splits long prompts by --max-num-batched-tokens "
+                "only", type=int),
+    ForeignFlag(("--log-config-file",), "configures its own logging (--log-level)"),
+    ForeignFlag(("--uvicorn-log-level",), "has no uvicorn (its HTTP server logs no access lines; "
+                "--log-level sets pyserve's own level)", type=str.lower,
+                fine=("critical", "error", "warning", "info", "debug", "trace")),
     ForeignFlag(("--disable-uvicorn-access-log",), "has no access log (requests are logged only "
                 "with --enable-log-requests)", action="switch"),
     ForeignFlag(("--enable-log-outputs",), "logs requests, not their outputs", action="switch"),
@@ -161,6 +177,18 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 refuse=True, action="many"),
     ForeignFlag(("--config",), "reads no YAML config file; pass the flags, or PYSERVE_<FLAG> "
                 "environment variables", refuse=True),
+    ForeignFlag(("--guided-decoding-backend",), "compiles every grammar with xgrammar",
+                refuse=True, fine=("auto", "xgrammar")),
+    ForeignFlag(("--chat-template-content-format",), "hands the template each message's text "
+                "parts joined into one string (vLLM's \"string\" format)", refuse=True,
+                fine=("auto", "string")),
+    ForeignFlag(("--uds",), "listens on TCP only (--host, --port)", refuse=True),
+    ForeignFlag(("--tool-parser-plugin",), "loads no tool-parser plugins (--tool-call-parser names "
+                "a built-in parser)", refuse=True),
+    ForeignFlag(("--enable-force-include-usage",), "sends a stream's usage when "
+                "stream_options.include_usage asks for it", refuse=True, action="switch"),
+    ForeignFlag(("--default-chat-template-kwargs",), "takes chat_template_kwargs per request",
+                refuse=True),
 )
 
 

@@ -139,7 +139,9 @@ def test_vllm_logging_level_variable_and_the_flag_wins(capsys):
     assert parse_serve([], environ={}).log_level == "info"
     assert parse_serve([], environ={"VLLM_LOGGING_LEVEL": "DEBUG"}).log_level == "debug"
     assert parse_serve(["--log-level", "error"], environ={"VLLM_LOGGING_LEVEL": "DEBUG"}).log_level == "error"
-    assert parse_serve(["--uvicorn-log-level", "trace"], environ={}).log_level == "trace"
+    # uvicorn's own level (vLLM's HTTP server): pyserve's level stays
+    assert parse_serve(["--uvicorn-log-level", "warning"], environ={}).log_level == "info"
+    assert parse_serve([], environ={"VLLM_LOGGING_LEVEL": "WARN"}).log_level == "warn"
     with pytest.raises(SystemExit) as exc:
         parse_serve([], environ={"VLLM_LOGGING_LEVEL": "LOUD"})
     assert exc.value.code == 2 and "VLLM_LOGGING_LEVEL" in capsys.readouterr().err

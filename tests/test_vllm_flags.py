@@ -71,7 +71,6 @@ HONOURED_EXAMPLES = {
     "--tool-call-parser": (["--tool-call-parser", "llama3_json"], "llama3_json"),
     "--reasoning-parser": (["--reasoning-parser", "deepseek_r1"], "deepseek_r1"),
     "--log-level": (["--log-level", "DEBUG"], "debug"),
-    "--uvicorn-log-level": (["--uvicorn-log-level", "warning"], "warning"),
 }
 
 # (argv, outcome) for every FOREIGN flag under every spelling
@@ -116,6 +115,7 @@ FOREIGN_EXAMPLES = [
     (["--root-path", "/api"], "warned"),
     (["--disable-fastapi-docs"], "warned"),
     (["--disable-uvicorn-access-log"], "warned"),
+    (["--uvicorn-log-level", "warning"], "honoured"),  # uvicorn's level: no uvicorn, no change
     (["--enable-log-outputs"], "warned"),
     (["--otlp-traces-endpoint", "http://collector:4317"], "warned"),
     (["--ssl-keyfile", "key.pem"], "refused"),
@@ -131,6 +131,22 @@ FOREIGN_EXAMPLES = [
     (["--enable-sleep-mode"], "refused"),
     (["--middleware", "x.y"], "refused"),
     (["--config", "serve.yaml"], "refused"),
+    (["--async-scheduling"], "warned"),
+    (["--structured-outputs-config", '{"backend": "xgrammar"}'], "warned"),
+    (["--max-cudagraph-capture-size", "256"], "warned"),
+    (["--prefix-caching-hash-algo", "sha256"], "warned"),
+    (["--long-prefill-token-threshold", "512"], "warned"),
+    (["--max-num-partial-prefills", "2"], "warned"),
+    (["--max-long-partial-prefills", "1"], "warned"),
+    (["--log-config-file", "logging.json"], "warned"),
+    (["--guided-decoding-backend", "xgrammar"], "honoured"),
+    (["--guided-decoding-backend", "outlines"], "refused"),
+    (["--chat-template-content-format", "string"], "honoured"),
+    (["--chat-template-content-format", "openai"], "refused"),
+    (["--uds", "/tmp/vllm.sock"], "refused"),
+    (["--tool-parser-plugin", "my_parser.py"], "refused"),
+    (["--enable-force-include-usage"], "refused"),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], "refused"),
 ]
 
 

@@ -183,6 +183,10 @@ class EngineCore:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    def get_tokenizer(self):
+        """vLLM's LLMEngine.get_tokenizer()."""
+        return self.tokenizer
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

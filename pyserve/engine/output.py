@@ -24,7 +24,11 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     logprobs: list[PositionLogprobs] | None = None
-    cumulative_logprob: float | None = None  # set by beam search (vLLM's field)
+    # the chosen tokens' logprobs summed, when logprobs were asked for, and by beam search
+    cumulative_logprob: float | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -63,6 +67,10 @@ class RequestOutput:
 @dataclass
 class EmbeddingOutput:
     embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
 
 
 @dataclass

@@ -66,7 +66,9 @@ class OutputProcessor:
                   now: float) -> None:
         """The request's next token, with its logprobs if asked; may finish the request."""
         if request.logprobs is not None:
-            request.logprobs.append(self.position_logprobs(sampled, row, token, request.params.logprobs))
+            entry = self.position_logprobs(sampled, row, token, request.params.logprobs)
+            request.logprobs.append(entry)
+            request.cumulative_logprob += entry[token].logprob
         append_token(request, token, self.max_model_len)
         matcher = request.matcher
         if request.grammar_after is not None:  # still reasoning: the grammar waits

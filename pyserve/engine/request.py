@@ -41,6 +41,8 @@ class Request:
         self.group_id = request_id  # the client's request id (n > 1: shared by the children)
         self.child_index = 0
         self.logprobs: list | None = [] if params.logprobs is not None else None
+        # the sum of the chosen tokens' logprobs, kept when logprobs are asked for (vLLM's)
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self.prompt_logprobs_sent = False
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None

@@ -85,5 +85,5 @@ def _completion(request: Request, cumulative: bool) -> CompletionOutput:
         logprobs = request.logprobs[start:] if request.logprobs is not None else None
     request.num_sent_tokens = len(request.output_token_ids)
     return CompletionOutput(request.child_index, text, ids, request.finish_reason,
-                            request.stop_reason, logprobs)
+                            request.stop_reason, logprobs, request.cumulative_logprob)
 
