@@ -70,6 +70,11 @@ class LLM:
         if isinstance(prompt, str):
             return prompt, self.engine.tokenizer.encode(prompt)
         if isinstance(prompt, dict):  # {"prompt_token_ids": [...]} or {"prompt": "..."}
+            extra = sorted(k for k, v in prompt.items() if k not in ("prompt", "prompt_token_ids")
+                           and v is not None)
+            if extra:  # multi_modal_data, cache_salt, ...: never dropped silently
+                raise ValueError(f"prompt fields {', '.join(extra)} are not supported: pyserve "
+                                 "takes text prompts (prompt, prompt_token_ids)")
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             return self._token_ids(prompt["prompt"])

@@ -137,3 +137,8 @@ def test_vllms_accessors(llm):
     assert out.prompt == llm.get_tokenizer().decode(out.prompt_token_ids, skip_special_tokens=False)
     assert "Hi" in out.prompt and out.outputs[0].finished()
     assert llm.embed("Hi")[0].outputs.hidden_size == 576
+
+
+def test_prompt_fields_pyserve_cannot_honour_are_refused(llm):
+    with pytest.raises(ValueError, match="multi_modal_data"):
+        llm.generate({"prompt": "Describe the image.", "multi_modal_data": {"image": object()}})
