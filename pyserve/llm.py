@@ -1,6 +1,8 @@
 """Offline generation and embeddings, as vLLM's LLM: every prompt goes through the engine
 together. Methods take vLLM's keyword arguments: use_tqdm is accepted (no progress bar is
-drawn), lora_request must be None (no adapters here)."""
+drawn), lora_request must be None (no adapters here). chat() renders conversations with the
+chat route's own functions (server/openai/messages.py: plain functions, no server runs), as
+vLLM's LLM.chat shares its entrypoints' chat_utils, so that both render a conversation alike."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from pyserve.executor.multiproc import refuse_in_bootstrapping_child
 from pyserve.server.errors import APIError
-from pyserve.server.openai.messages import load_template, template_messages
+from pyserve.server.openai.messages import (load_template, template_kwargs, template_messages,
+                                             tool_function)
 from pyserve.tokenizer.tokenizer import apply_chat_template
 from pyserve.vllm_flags import FOREIGN, check_foreign
 
@@ -34,8 +37,11 @@ def _no_lora(lora_request) -> None:
 def _vllm_only_flags(flags: dict) -> None:
     """vLLM's engine arguments that have no use here (trust_remote_code, swap_space, ...):
     taken out of flags with the CLI's warning, or its ValueError for one pyserve refuses."""
+    switches = {flag.dest for flag in FOREIGN if flag.action == "switch"}
     dests = {flag.dest for flag in FOREIGN}
     given = {name: flags.pop(name) for name in list(flags) if name in dests}
+    # a switch given as False is a switch not given (LLM(enable_lora=False))
+    given = {name: v for name, v in given.items() if not (name in switches and v is False)}
     for warning in check_foreign({**dict.fromkeys(dests), **given}):
         logger.warning(warning)
 
@@ -164,9 +170,17 @@ class LLM:
         if continue_final_message and add_generation_prompt:
             raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` "
                              "to True.")
+        if chat_template_content_format not in ("auto", "string"):
+            raise ValueError("chat_template_content_format: pyserve hands the template each "
+                             "message's text parts joined into one string (\"string\")")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         template = load_template(chat_template) or load_template(self.config.server.chat_template)
-        kwargs = dict(chat_template_kwargs or {})
+        try:  # the server's checks (reserved template names, tool shapes), as ValueErrors
+            kwargs = template_kwargs({"chat_template_kwargs": chat_template_kwargs or {}})
+            for i, tool in enumerate(tools or []):
+                tool_function(tool, i)
+        except APIError as exc:
+            raise ValueError(exc.message) from None
         if continue_final_message:
             kwargs["continue_final_message"] = True
         if tools is not None:

@@ -227,9 +227,11 @@ class Scheduler:
             if request.token_history is None:
                 request.token_history = TokenHistory()
             history = request.token_history.sync(request.all_token_ids)
-            start, n = lookup(history, spec.prompt_lookup_min, spec.prompt_lookup_max)
-            room = draft_limit(n, spec.prompt_lookup_min, spec.prompt_lookup_max, room)
-            drafts = history[start: start + room].tolist() if n else []
+            start, matched = lookup(history, spec.prompt_lookup_min, spec.prompt_lookup_max)
+            if not matched:
+                return []
+            room = draft_limit(matched, spec.prompt_lookup_min, spec.prompt_lookup_max, room)
+            drafts = history[start: start + room].tolist()
         if not drafts or not self.kv.allocate_slots(request.request_id,
                                                     request.num_computed_tokens + 1 + len(drafts),
                                                     request.num_computed_tokens):

@@ -63,6 +63,15 @@ def test_chat_renders_what_the_server_renders(llm):
     assert calls[0].outputs[0].token_ids
     with pytest.raises(ValueError, match="role"):
         llm.chat([{"content": "no role"}], greedy)
+    # the server's checks: a reserved template name, a tool it cannot read, a content format
+    # it does not hand the template
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        llm.chat([{"role": "user", "content": "hi"}], greedy,
+                 chat_template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(ValueError, match=r"tools\[0\]"):
+        llm.chat([{"role": "user", "content": "hi"}], greedy, tools=[{"type": "function"}])
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat([{"role": "user", "content": "hi"}], greedy, chat_template_content_format="openai")
 
 
 def test_chat_template_and_continuing_the_final_message(llm):
@@ -99,6 +108,14 @@ def test_vllm_names_of_options():
     assert len(seeds) == 3 and all(isinstance(s, int) for s in seeds)  # unseeded: a fresh one
     with pytest.raises(ValueError, match="--device"):  # the CLI's refusal, by name
         LLM(None, device="tpu")
+    from pyserve.llm import _vllm_only_flags
+
+    flags = {"enable_lora": False, "enable_sleep_mode": False, "trust_remote_code": False,
+             "max_model_len": 64}
+    _vllm_only_flags(flags)  # switches given as False are switches not given: no refusal
+    assert flags == {"max_model_len": 64}
+    with pytest.raises(ValueError, match="--enable-lora"):
+        _vllm_only_flags({"enable_lora": True})
 
 
 def test_vllms_imports_and_sampling_fields():

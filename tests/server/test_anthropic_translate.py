@@ -217,6 +217,10 @@ def test_tools_and_tool_choice():
     ({"output_config": {"format": {"type": "json_object"}}}, "output_config"),
     ({"output_config": {"verbosity": "low"}}, "output_config"),
     ({"output_config": "json"}, "output_config"),
+    ({"logit_bias": {"5": 1}}, "logit_bias"), ({"stop_token_ids": [5]}, "stop_token_ids"),
+    ({"guided_regex": "a+"}, "guided_regex"),
+    ({"output_format": {"type": "json_schema", "schema": {}},
+      "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_format"),
     ({"n": 2}, "n"), ({"logprobs": True}, "logprobs"), ({"stop": ["x"]}, "stop"),
     ({"model": 3}, "model"), ({"stream": "maybe"}, "stream")])
 def test_refused_fields_are_named(request_fields, param):
@@ -233,6 +237,12 @@ def test_output_config_becomes_a_response_format_and_a_template_variable():
     # the request's own chat_template_kwargs win
     got = body(output_config={"effort": "high"}, chat_template_kwargs={"reasoning_effort": "low", "x": 1})
     assert got["chat_template_kwargs"] == {"reasoning_effort": "low", "x": 1}
+
+
+def test_the_betas_output_format_is_output_config_format():
+    schema = {"type": "object"}
+    assert body(output_format={"type": "json_schema", "schema": schema})["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
 def test_unknown_fields_are_logged_and_ignored(caplog):
@@ -263,6 +273,9 @@ def test_count_tokens_body():
     assert "max_tokens" not in got and "stream" not in got
     for extra in ({"max_tokens": 5}, {"stream": True}, {"stop_sequences": ["x"]}):
         assert refused({"messages": USER, **extra}, "count_tokens").param == next(iter(extra))
+    # what changes nothing on /v1/messages changes nothing here either
+    chat_body({"model": "m", "messages": USER, "metadata": {"user_id": "u"}, "service_tier": "auto"},
+              "count_tokens")
 
 
 # -- answers ------------------------------------------------------------------------------------

@@ -110,6 +110,11 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
     ({"input": "x", "reasoning": {"budget": 5}}, "reasoning", "budget"),
     ({"input": "x", "reasoning": "low"}, "reasoning", "object"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs", "20"),
+    # vLLM's own ResponsesRequest fields that change the answer
+    ({"input": "x", "cache_salt": "s"}, "cache_salt", "cache_salt"),
+    ({"input": "x", "enable_response_messages": True}, "enable_response_messages", "enable"),
+    ({"input": "x", "previous_input_messages": [{"role": "user", "content": "a"}]},
+     "previous_input_messages", "previous"),
     ({"input": "x", "truncation": "auto"}, "truncation", "truncation"),
     ({"input": "x", "background": True, "store": False}, "background", "store"),  # vLLM's words
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}, "tools": [ADD]}, "tool_choice",
@@ -546,3 +551,24 @@ def test_unknown_fields_are_ignored_with_a_log_line_and_effort_reaches_the_chat_
     assert "frobnicate, zeta" in caplog.text
     assert "frobnicate" not in chat and chat["reasoning_effort"] == "low"
     assert "reasoning_effort" not in chat_body({"input": "x", "reasoning": {}}, [])[0]
+
+
+def test_streamed_logprobs_of_held_back_tokens_reach_the_delta_that_carries_their_text():
+    """A chunk with logprobs and no text yet (a stop string's prefix, part of a character)
+    before the message opens, and the end-of-turn token's at the end: every token's logprobs
+    land in the message, as in the whole answer, and each delta carries its text's tokens."""
+    def lp(token):
+        return {"token": token, "logprob": -1.0, "bytes": None, "top_logprobs": []}
+
+    def with_logprobs(c, *tokens):
+        c["choices"][0]["logprobs"] = {"content": [lp(t) for t in tokens]}
+        return c
+
+    chunks = [chunk({"role": "assistant", "content": ""}),
+              with_logprobs(chunk({}), "Pa"),
+              with_logprobs(chunk({"content": "Paris"}), "ris"),
+              with_logprobs(chunk({"content": ""}, "stop"), "<end>")]
+    events, done = run_events(turn(), chunks)
+    deltas = [[t["token"] for t in e["logprobs"]] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [["Pa", "ris"]]
+    assert [t["token"] for t in done[0]["output"][0]["content"][0]["logprobs"]] == ["Pa", "ris", "<end>"]

@@ -46,15 +46,18 @@ PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "pre
 # naming it in the log, as vLLM's Anthropic request model ignores extra fields (an SDK's newer
 # fields must not break requests).
 REFUSED = frozenset(("mcp_servers", "container", "context_management", "n", "logprobs",
-                     "top_logprobs", "stop", "response_format", "max_completion_tokens", "best_of"))
+                     "top_logprobs", "stop", "response_format", "max_completion_tokens", "best_of",
+                     "logit_bias", "stop_token_ids", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar", "allowed_token_ids", "bad_words", "prompt_logprobs",
+                     "include_stop_str_in_output", "tools_choice", "functions", "function_call"))
 NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "inference_geo",
              "cache_control")
 _PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
-                  "speed", "user_profile_id", "workspace_id", "output_config"}
+                  "speed", "user_profile_id", "workspace_id", "output_config", "output_format"}
 FIELDS = {
     "messages": _PROMPT_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
                                   "stream", *NO_EFFECT, *PASSTHROUGH},
-    "count_tokens": _PROMPT_FIELDS | {"chat_template_kwargs"},
+    "count_tokens": _PROMPT_FIELDS | {"chat_template_kwargs", *NO_EFFECT},
 }
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _TEXT_ONLY = "this server's model takes text only"
@@ -261,7 +264,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     for name in request:
         if name not in FIELDS[route] and request[name] is not None:
             # count_tokens counts a prompt: a generation field there is a client's mistake
-            if name in REFUSED or name in FIELDS["messages"]:
+            if name in REFUSED or (name in FIELDS["messages"] and name not in NO_EFFECT):
                 _fail(name, "this field is not supported by this server")
             unknown.add(name)
     log_ignored_fields(unknown)
@@ -297,6 +300,10 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
         if request.get(name) is not None and name in FIELDS[route]:
             body[name] = request[name]
     _output_config(request.get("output_config"), body)
+    if request.get("output_format") is not None:  # the structured-outputs beta's name for it
+        if (request.get("output_config") or {}).get("format") is not None:
+            _fail("output_format", "give output_config.format or output_format, not both")
+        _output_config({"format": request["output_format"]}, body)
     if route == "count_tokens":
         return body, []
     max_tokens = field(request, "max_tokens", int)

@@ -159,6 +159,7 @@ class _Events:
         self.calls: dict[int, int] = {}  # chat tool-call index -> output index
         self.finish: str | None = None
         self.usage: dict | None = None
+        self.pending_logprobs: list[dict] = []  # tokens whose text has not come yet
 
     def event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -172,21 +173,21 @@ class _Events:
         for choice in chunk.get("choices") or []:
             self.finish = choice.get("finish_reason") or self.finish
             delta = choice.get("delta") or {}
-            logprobs = chat_logprobs(choice)
+            # tokens whose text the chat path held back (a stop string's prefix, part of a
+            # character) wait for the delta that carries their text; the message takes what
+            # is left when it closes (the end-of-turn token), as a whole answer holds them all
+            self.pending_logprobs += chat_logprobs(choice)
             if delta.get("content"):
                 if self.open is None or self.items[self.open]["type"] != "message":
                     events += self.close(None)
                     events += self._add(message_item("", "in_progress"))
                     events.append(self._at("response.content_part.added", part=text_part("")))
                 item = self.items[self.open]
+                logprobs, self.pending_logprobs = self.pending_logprobs, []
                 item["content"][0]["text"] += delta["content"]
                 item["content"][0]["logprobs"] += logprobs
                 events.append(self._at("response.output_text.delta", delta=delta["content"],
                                        logprobs=logprobs))
-            elif logprobs and self.open is not None and self.items[self.open]["type"] == "message":
-                # tokens whose text the chat path held back (a stop string's prefix): the
-                # message's, as in a whole answer
-                self.items[self.open]["content"][0]["logprobs"] += logprobs
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
                 if call["index"] not in self.calls:
@@ -225,6 +226,8 @@ class _Events:
         item = self.items[self.open]
         item["status"] = "incomplete" if finish in ("length", "error") else "completed"
         if item["type"] == "message":
+            item["content"][0]["logprobs"] += self.pending_logprobs
+            self.pending_logprobs = []
             text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]
             events.append(self._at("response.output_text.done", text=text, logprobs=logprobs))
             events.append(self._at("response.content_part.done", part=text_part(text, logprobs)))

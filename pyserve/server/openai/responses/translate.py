@@ -49,7 +49,7 @@ IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperatu
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
-                  "request_id"}
+                  "request_id", "vllm_xargs"}
 # accepted; they change nothing in the output (metadata, user, safety_identifier and
 # prompt_cache_key are echoed); stream_options holds only include_obfuscation, and pyserve's
 # events never carry an obfuscation field
@@ -58,7 +58,11 @@ NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_ca
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
 REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
                           "max_tool_calls": None, "prompt": None, "conversation": None,
-                          "prompt_cache_retention": None, "context_management": None}
+                          "prompt_cache_retention": None, "context_management": None,
+                          # vLLM's ResponsesRequest fields pyserve does not implement
+                          "cache_salt": None, "previous_input_messages": None,
+                          "enable_response_messages": False, "mm_processor_kwargs": None,
+                          "kv_transfer_params": None}
 # OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
 # ask for nothing
 INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
