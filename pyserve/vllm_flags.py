@@ -15,6 +15,7 @@ bare "unrecognized arguments". vLLM's conventions for writing flags and values a
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +89,20 @@ class ForeignFlag:
         return self.names[0].lstrip("-").replace("-", "_")
 
 
+def _structured_outputs_config(text: str) -> str:
+    """--structured-outputs-config's JSON -> "xgrammar" when it asks for what pyserve does
+    (backend auto or xgrammar, whitespace and additional properties as the schema allows);
+    anything else stays as given, and is refused."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if (isinstance(value, dict) and value.get("backend") in (None, "auto", "xgrammar")
+            and not value.get("disable_any_whitespace") and not value.get("disable_additional_properties")):
+        return "xgrammar"
+    return text
+
+
 _NO_HUB = "loads local model directories and GGUF files only, nothing from the Hugging Face hub"
 _NO_TLS = "serves plain HTTP; put a TLS-terminating proxy in front of it"
 _NO_LORA = "serves no LoRA adapters"
@@ -142,8 +157,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "(behind the API key) stays", action="switch"),
     ForeignFlag(("--async-scheduling",), "schedules each step once the last one's outputs are "
                 "in, which changes no output", action="switch"),
-    ForeignFlag(("--structured-outputs-config",), "compiles every grammar with xgrammar, its one "
-                "structured-output backend"),
     ForeignFlag(("--max-cudagraph-capture-size",), "captures the decode sizes of "
                 "--cuda-graph-sizes", type=int),
     ForeignFlag(("--prefix-caching-hash-algo",), "hashes prefix-cache blocks its own way"),
@@ -179,6 +192,10 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "environment variables", refuse=True),
     ForeignFlag(("--guided-decoding-backend",), "compiles every grammar with xgrammar",
                 refuse=True, fine=("auto", "xgrammar")),
+    ForeignFlag(("--structured-outputs-config",), "compiles every grammar with xgrammar, its "
+                "one structured-output backend, whitespace and additional properties as each "
+                "request's schema allows", refuse=True, type=_structured_outputs_config,
+                fine=("xgrammar",)),
     ForeignFlag(("--chat-template-content-format",), "hands the template each message's text "
                 "parts joined into one string (vLLM's \"string\" format)", refuse=True,
                 fine=("auto", "string")),
