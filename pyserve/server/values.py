@@ -175,7 +175,7 @@ def log_ignored_fields(names) -> None:
     """vLLM's warning for request fields its request models do not know (they are accepted and
     ignored, so an SDK's newer fields do not break requests): one log line naming them, of
     bounded length however many a body holds."""
-    if names:
-        shown = heapq.nsmallest(20, names)
+    if names:  # names are the client's: each shown at most 40 characters long
+        shown = [n if len(n) <= 40 else n[:40] + "..." for n in heapq.nsmallest(20, names)]
         logger.warning("the following fields were present in the request but ignored: %s%s",
                        ", ".join(shown), f" and {len(names) - 20} more" if len(names) > 20 else "")

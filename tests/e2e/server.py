@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -71,10 +72,15 @@ class ServerProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "pyserve", *command, "--host",
                                       "127.0.0.1", "--port", str(self.port), *flags],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        # The log is read as it comes: a pipe nobody drains fills (64 KiB) and then blocks the
+        # server's next log line, its event loop with it (a fuzzing run logs a line a request).
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"server exited early:\n{self.output()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
                     if r.status == 200:
@@ -84,6 +90,16 @@ class ServerProcess:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("server did not become healthy")
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.append(line)
+
+    def output(self) -> str:
+        """The server's log (stdout and stderr) so far; all of it once the process ended."""
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self._lines)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.debug_endpoints and sig == signal.SIGTERM and self.proc.poll() is None:

@@ -58,6 +58,6 @@ def test_worker_death_turns_health_503_fails_the_stream_and_exits(model):
         assert took < 1.5
     finally:
         server.stop()
-    output = server.proc.stdout.read()
+    output = server.output()
     assert "exited with code" in output and "the engine died" in output
     assert segments_of(server.proc.pid) == []

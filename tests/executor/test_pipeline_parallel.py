@@ -239,7 +239,7 @@ def test_server_at_pp2_matches_offline_tp1_and_a_dead_stage_1_worker_ends_it(mod
         kill_rank_mid_stream(server, worker, model, prompts[0], 10, 30)  # the only worker: stage 1
     finally:
         server.stop()
-    output = server.proc.stdout.read()
+    output = server.output()
     assert "pipeline-parallel worker" in output and "exited with code" in output
     assert "the engine died" in output
     assert segments_of(server.proc.pid) == []

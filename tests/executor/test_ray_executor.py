@@ -282,7 +282,7 @@ def test_server_over_ray_matches_offline_tp1_and_sigterm_leaves_nothing(cluster,
     finally:
         code = server.stop()
     assert code == 0
-    output = server.proc.stdout.read()
+    output = server.output()
     if layout == "tp2":
         assert "tensor parallel over Ray: 2 ranks, gloo collectives" in output
         assert "stopped 1 actor(s), removed the placement group" in output  # by the server, not Ray
@@ -303,7 +303,7 @@ def test_killed_actor_turns_health_503_fails_the_stream_and_ends_the_server(clus
         kill_rank_mid_stream(server, actor, model, "The quick brown fox", 10, 20)
     finally:
         server.stop()
-    output = server.proc.stdout.read()
+    output = server.output()
     kind = "tensor" if layout == "tp2" else "pipeline"
     assert f"{kind}-parallel rank 1" in output and "died" in output and "the engine died" in output
     wait_until_nothing_registered()

@@ -73,7 +73,7 @@ def run(args) -> int:
             return rc
         finally:
             server.stop()
-            log = server.proc.stdout.read() if server.proc.stdout else ""
+            log = server.output()
             errors = [line for line in log.splitlines() if "Traceback" in line or "ERROR" in line]
             if errors:  # a handler's exception is answered 500; show the server's side of it
                 print("[run_schemathesis] server log errors:\n" + log[-20000:])

@@ -550,6 +550,10 @@ def test_unknown_fields_are_ignored_with_a_log_line_and_effort_reaches_the_chat_
                              "reasoning": {"effort": "low", "summary": None}}, [])
     assert "frobnicate, zeta" in caplog.text
     assert "frobnicate" not in chat and chat["reasoning_effort"] == "low"
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pyserve"):  # a client's names, shown briefly
+        chat_body({"input": "x", "y" * 100_000: 1}, [])
+    assert "y" * 40 + "..." in caplog.text and len(caplog.text) < 1000
     assert "reasoning_effort" not in chat_body({"input": "x", "reasoning": {}}, [])[0]
 
 
