@@ -2,9 +2,10 @@
 request's last n tokens (n from prompt_lookup_max down to prompt_lookup_min) are looked up
 earlier in its prompt and output; the tokens that followed the most recent earlier match are
 proposed (vLLM takes the earliest and looks at the whole history, pyserve the most recent,
-nearer what the text is doing now, within LOOKUP_WINDOW tokens; drafts are verified either way,
-so only acceptance can differ, never the output). The lookup is one native pass over the request's token array (_C.ngram_match), about
-a microsecond a step at 300 tokens of history against 34 µs for the numpy version it replaced.
+nearer what the text is doing now, within LOOKUP_WINDOW tokens; drafts are verified either
+way, so only acceptance can differ, never the output). The lookup is one native pass over the
+request's token array (_C.ngram_match), about a microsecond a step at 300 tokens of history
+against 34 µs for the numpy version it replaced.
 
 Backoff: each request proposes up to its own lookahead (FIRST_LOOKAHEAD at first), which
 next_lookahead moves after every verified step, so a request whose text does not repeat soon
