@@ -59,10 +59,16 @@ def lookup(tokens: Sequence[int] | np.ndarray, min_n: int, max_n: int) -> tuple[
     return _native.ngram_match(tokens, min_n, max_n, LOOKUP_WINDOW)
 
 
-def propose(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to k tokens to propose after `tokens`: what followed lookup's match; [] when none."""
+def propose(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int,
+            by_match_length: bool = False) -> list[int]:
+    """Up to k tokens to propose after `tokens`: what followed lookup's match; [] when none.
+    by_match_length: at most draft_limit's count for the match's length (the scheduler's)."""
     start, n = lookup(tokens, min_n, max_n)
-    return [int(t) for t in tokens[start: start + k]] if n else []
+    if not n:
+        return []
+    if by_match_length:
+        k = draft_limit(n, min_n, max_n, k)
+    return [int(t) for t in tokens[start: start + k]]
 
 
 def draft_limit(n: int, min_n: int, max_n: int, k: int) -> int:

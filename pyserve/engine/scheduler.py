@@ -27,8 +27,8 @@ from __future__ import annotations
 import bisect
 
 from pyserve.config import SchedulerConfig
-from pyserve.engine.ngram import (FIRST_LOOKAHEAD, PAUSE_TOKENS, TokenHistory, draft_limit,
-                                  lookup, next_lookahead)
+from pyserve.engine.ngram import (FIRST_LOOKAHEAD, PAUSE_TOKENS, TokenHistory, next_lookahead,
+                                  propose)
 from pyserve.engine.request import Request, RequestStatus
 from pyserve.kv.manager import KVCacheManager
 from pyserve.step import (DRAFT_PLACEHOLDER, PoolingInputs, PromptLogprobsInputs, SamplingInputs,
@@ -226,12 +226,8 @@ class Scheduler:
         else:
             if request.token_history is None:
                 request.token_history = TokenHistory()
-            history = request.token_history.sync(request.all_token_ids)
-            start, matched = lookup(history, spec.prompt_lookup_min, spec.prompt_lookup_max)
-            if not matched:
-                return []
-            room = draft_limit(matched, spec.prompt_lookup_min, spec.prompt_lookup_max, room)
-            drafts = history[start: start + room].tolist()
+            drafts = propose(request.token_history.sync(request.all_token_ids), room,
+                             spec.prompt_lookup_min, spec.prompt_lookup_max, by_match_length=True)
         if not drafts or not self.kv.allocate_slots(request.request_id,
                                                     request.num_computed_tokens + 1 + len(drafts),
                                                     request.num_computed_tokens):

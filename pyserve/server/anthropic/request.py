@@ -49,7 +49,7 @@ REFUSED = frozenset(("mcp_servers", "container", "context_management", "n", "log
                      "top_logprobs", "stop", "response_format", "max_completion_tokens", "best_of",
                      "logit_bias", "stop_token_ids", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "allowed_token_ids", "bad_words", "prompt_logprobs",
-                     "include_stop_str_in_output", "tools_choice", "functions", "function_call"))
+                     "include_stop_str_in_output", "functions", "function_call"))
 NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "inference_geo",
              "cache_control")
 _PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
