@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from pyserve.executor.allocator import keep_freed_memory
 from pyserve.kv.cache import KVLayout, allocate_kv_caches
 from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.arith import cdiv
@@ -99,6 +100,7 @@ def rank_device(spec: ShardSpec, rank: int) -> torch.device:
 def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOLE_MODEL,
                        links=None) -> ModelRunner:
     """links: a pipeline stage's StageLinks (executor/pipeline.py); None for the whole model."""
+    keep_freed_memory()  # this process runs a model's steps (executor/allocator.py)
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
