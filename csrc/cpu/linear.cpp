@@ -385,7 +385,7 @@ inline void tile_accumulate_rows(int rows, std::integer_sequence<int, R...>, con
 }
 
 // Groups [g0, g1) of 32 k of a panel (the last may be short when K is not a multiple of 32,
-// for float formats) widened to float32 [k - 32 g0][32] in dst: for quantized_panel_rows, and
+// for float formats) widened to float32 [k - 32 g0][32] in dst: for panel_rows_chunked, and
 // the whole panel for unpack_linear_weight.
 template <typename Format>
 void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float* dst) {
@@ -401,28 +401,35 @@ void widen_groups(const uint8_t* panel, int64_t K, int64_t g0, int64_t g1, float
   }
 }
 
-// Rows [0, M) (M > kMaxRows) against one quantized panel: the panel is widened kChunkGroups
+// Rows [0, M) (M > kMaxRows) against one panel: a quantized panel is widened kChunkGroups
 // groups at a time into a buffer that stays in L1 while every row tile passes over it, so
 // each weight is dequantized once per call and read back from L1 (widening the whole panel
 // first sent it through L2 and cost as much as the FMAs at 16 rows).
 constexpr int64_t kChunkGroups = 4;  // 128 k: 16 KiB of float32 weights
 
+// Float panels take the same path (a float32 chunk is copied: the copy's prefetching made
+// 16 to 256 rows 10-15 % faster than reading the chunk where it lies). Running each row tile
+// over the whole panel instead read the panel from L2 once per tile, and kept float32 weights
+// at about 140 GFLOP/s from 16 to 256 rows on two Sapphire Rapids-class cores, where the
+// chunked Q4_1 panels ran at 270-330 (benchmarks/linear.py; chunked float32: 124-279).
 template <typename Format>
-void quantized_panel_rows(const float* x, int64_t M, int64_t K, const uint8_t* panel, float* out,
-                          int64_t ldo, int64_t cols, const float* bias) {
+void panel_rows_chunked(const float* x, int64_t M, int64_t K, const uint8_t* panel, float* out,
+                        int64_t ldo, int64_t cols, const float* bias) {
   alignas(64) float chunk[kChunkGroups * kGroup * kPanel];
   thread_local std::vector<float> acc_buffer;
   acc_buffer.resize(M * kPanel);
   float* const acc = acc_buffer.data();
   // equal tiles of at most kMaxRows rows, as in packed_linear_impl
   const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
-  for (int64_t g0 = 0; g0 < K / kGroup; g0 += kChunkGroups) {
-    const int64_t g1 = std::min(K / kGroup, g0 + kChunkGroups);
+  const int64_t groups = (K + kGroup - 1) / kGroup;  // a float panel's last may be short
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
+    const int64_t g1 = std::min(groups, g0 + kChunkGroups);
     widen_groups<Format>(panel, K, g0, g1, chunk);
+    const int64_t kn = std::min(K, g1 * kGroup) - g0 * kGroup;
     for (int64_t t = 0, m = 0; t < tiles; ++t) {
       const int64_t rows = (M - m) / (tiles - t);
       tile_accumulate_rows(static_cast<int>(rows), std::make_integer_sequence<int, kMaxRows>{},
-                           x + m * K + g0 * kGroup, K, chunk, (g1 - g0) * kGroup, acc + m * kPanel, g0 == 0);
+                           x + m * K + g0 * kGroup, K, chunk, kn, acc + m * kPanel, g0 == 0);
       m += rows;
     }
   }
@@ -985,9 +992,10 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   const int64_t panels = (N + kPanel - 1) / kPanel, panel_bytes = Format::panel_bytes(K);
   // Rows are taken in chunks whose x (chunk × K float32) stays in a core's L2 while every
   // panel passes over it; within a chunk each panel meets the rows kMaxRows at a time. A
-  // quantized panel is dequantized once per chunk, so its chunks are as large as half an L2
-  // of 2 MiB allows (128 rows at K = 1,536 in one chunk: 7 % less time than 256 KiB chunks).
-  const int64_t x_bytes = Format::kQuantized ? 1024 * 1024 : 256 * 1024;
+  // panel is widened once per chunk, so chunks are as large as half an L2 of 2 MiB allows
+  // (128 rows at K = 1,536 in one chunk: 7 % less time than 256 KiB chunks for Q4_1; float32
+  // at 256 rows, SmolLM2's shapes: 306 against 279 GFLOP/s).
+  const int64_t x_bytes = 1024 * 1024;
   const int64_t chunk = std::max<int64_t>(kMaxRows, (x_bytes / (K * 4)) / kMaxRows * kMaxRows);
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {
     const int64_t m1 = std::min(M, m0 + chunk);
@@ -1005,11 +1013,9 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
         const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
         const float* b = bias ? bias + n0 : nullptr;
 #ifdef PYSERVE_VEC
-        if constexpr (Format::kQuantized) {
-          if (m1 - m0 > kMaxRows) {
-            quantized_panel_rows<Format>(x + m0 * K, m1 - m0, K, panel, out + m0 * N + n0, N, cols, b);
-            continue;
-          }
+        if (m1 - m0 > kMaxRows) {
+          panel_rows_chunked<Format>(x + m0 * K, m1 - m0, K, panel, out + m0 * N + n0, N, cols, b);
+          continue;
         }
 #endif
         // equal tiles of at most kMaxRows rows (16 as 8 + 8: a 4-row tile loads a weight

@@ -33,6 +33,25 @@ def test_packed_linear_matches_torch(weight_dtype, m, n, k):
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [13, 40, 300])  # above one row tile: the chunked path
+@pytest.mark.parametrize("n,k", [(70, 200), (33, 13), (64, 1536)])  # k past whole 32s, k < 32
+def test_float_rows_in_a_batch_equal_each_row_alone(weight_dtype, m, n, k):
+    """A float panel meets many rows 128 k at a time, one row in one pass: each output still
+    sums its k in order, so a row's result does not depend on its batch, bit for bit (a
+    decode row and the same row in a prefill or a verify step agree)."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=gen)
+    packed = _native.pack_linear_weight(torch.randn(n, k, generator=gen).to(weight_dtype))
+    bias = torch.randn(n, generator=gen)
+    batch = torch.empty(m, n)
+    _native.packed_linear(batch, x, packed, bias)
+    alone = torch.empty(1, n)
+    for row in range(m):
+        _native.packed_linear(alone, x[row:row + 1].contiguous(), packed, bias)
+        assert torch.equal(batch[row], alone[0]), row
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_unpack_gives_back_the_weight_widened(weight_dtype):
     weight = torch.randn(77, 40).to(weight_dtype)
     unpacked = _native.unpack_linear_weight(_native.pack_linear_weight(weight), 77)
