@@ -17,7 +17,9 @@ unmapping a thread arena's emptied extra heaps (it does so regardless of the tri
 threshold unless the pad asks for that much).
 
 The cost is resident memory: a process holds on to its largest step's transient tensors
-(the peak is the same). It is a process-wide setting, applied by the process that runs a
+(the peak is the same). The server's periodic malloc_trim (server/malloc_trim.py) still hands
+free pages back every 10 s, so an idle server's RSS falls as before; the step after a trim
+faults its memory in once. It is a process-wide setting, applied by the process that runs a
 model (rank 0's and each worker's), and skipped where the user chose an allocator: any
 MALLOC_* or glibc.malloc tunable in the environment, or a preloaded tcmalloc / jemalloc
 (vLLM's CPU guide preloads tcmalloc)."""
