@@ -357,8 +357,8 @@ void one_row_panels(const float* x, const uint8_t* packed, int64_t panel_bytes, 
   }
 }
 
-// acc[MR, 32] += x[MR, kn] · w[kn, 32] for float32 weights w (a widened chunk of a quantized
-// panel), acc kept in memory between chunks: each element still sums its k in order with one
+// acc[MR, 32] += x[MR, kn] · w[kn, 32] for float32 weights w (a widened chunk of a panel),
+// acc kept in memory between chunks: each element still sums its k in order with one
 // FMA each, so the result is bitwise that of tile() over the whole panel.
 template <int MR>
 inline void tile_accumulate(const float* x, int64_t ldx, const float* w, int64_t kn, float* acc_buf,
@@ -410,8 +410,9 @@ constexpr int64_t kChunkGroups = 4;  // 128 k: 16 KiB of float32 weights
 // Float panels take the same path (a float32 chunk is copied: the copy's prefetching made
 // 16 to 256 rows 10-15 % faster than reading the chunk where it lies). Running each row tile
 // over the whole panel instead read the panel from L2 once per tile, and kept float32 weights
-// at about 140 GFLOP/s from 16 to 256 rows on two Sapphire Rapids-class cores, where the
-// chunked Q4_1 panels ran at 270-330 (benchmarks/linear.py; chunked float32: 124-279).
+// at 105-146 GFLOP/s from 16 to 256 rows on two Sapphire Rapids-class cores, where the
+// chunked Q4_1 panels ran at 270-330 (benchmarks/linear.py; chunked float32, with the 1 MiB
+// row chunks below: 125-306).
 template <typename Format>
 void panel_rows_chunked(const float* x, int64_t M, int64_t K, const uint8_t* panel, float* out,
                         int64_t ldo, int64_t cols, const float* bias) {
