@@ -220,7 +220,7 @@ def test_structured_output_through_the_sdks_parse(client):
 @pytest.fixture(scope="module")
 def hermes(default_model_dir):
     srv = ServerProcess("--served-model-name", MODEL, "--enable-auto-tool-choice",
-                        "--tool-call-parser", "hermes")
+                        "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     yield anthropic.Anthropic(base_url=srv.url, api_key="any", max_retries=0)
     assert srv.stop() == 0
 
@@ -245,3 +245,40 @@ def test_auto_tool_choice_with_a_parser(hermes):
     single = hermes.messages.create(**{**args, "tool_choice": one})
     assert [(b.name, b.input) for b in single.content if b.type == "tool_use"] == [
         ("add", {"a": 12, "b": 30})]
+
+
+def test_thinking_comes_back_as_a_thinking_block(hermes):
+    script = "<think>Twelve and thirty.</think>It is 42."
+    args = dict(model=MODEL, max_tokens=2048, messages=ASK,
+                extra_body={**GREEDY, "structured_outputs": {"regex": regex_for(script)}})
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    out = hermes.messages.create(**args, thinking=thinking)
+    assert [b.type for b in out.content] == ["thinking", "text"]
+    assert out.content[0].thinking == "Twelve and thirty." and out.content[0].signature == "pyserve"
+    assert out.content[1].text == "It is 42." and out.stop_reason == "end_turn"
+    with hermes.messages.stream(**args, thinking={"type": "adaptive"}) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] \
+        == [("thinking", "Twelve and thirty."), ("text", "It is 42.")]
+    assert final.content[0].signature == "pyserve"
+    # without thinking asked for, the reasoning is left out of the answer
+    plain = hermes.messages.create(**args)
+    assert [(b.type, b.text) for b in plain.content] == [("text", "It is 42.")]
+    # the thinking block sent back in the history is accepted
+    again = hermes.messages.create(**{**args, "messages": ASK + [
+        {"role": "assistant", "content": [b.model_dump() for b in out.content]},
+        {"role": "user", "content": "And 1 + 1?"}]})
+    assert [(b.type, b.text) for b in again.content] == [("text", "It is 42.")]
+
+
+def test_claude_codes_roles_system_reminders_and_billing_line(client):
+    billing = "x-anthropic-billing-header: cc_version=2.1.200.abc; cc_entrypoint=cli; cch=1234a;"
+    system = [{"type": "text", "text": billing}, {"type": "text", "text": "You are brief."}]
+    messages = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Agents: none."},
+                {"role": "ctx", "content": "Context."}, {"role": "msg", "content": "Name a colour."}]
+    out = client.messages.create(model=MODEL, max_tokens=8, messages=messages, system=system,
+                                 extra_body=GREEDY)
+    assert out.content[0].type == "text" and out.usage.input_tokens > 0
+    # the billing line is not part of the prompt: the count is the same without it
+    counted = lambda s: client.messages.count_tokens(model=MODEL, messages=messages, system=s).input_tokens
+    assert counted(system) == counted(system[1:]) == out.usage.input_tokens

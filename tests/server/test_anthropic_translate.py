@@ -38,8 +38,89 @@ def test_a_plain_request():
                             "top_p": 0.9, "top_k": 40, "metadata": {"user_id": "u"},
                             "service_tier": "auto", "thinking": {"type": "disabled"}})
     assert got == {"model": "m", "messages": USER, "include_reasoning": False, "max_tokens": 32,
-                   "temperature": 0.5, "top_p": 0.9, "top_k": 40}
+                   "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+                   "chat_template_kwargs": {"enable_thinking": False}}
     assert stops == []
+
+
+def test_thinking_sets_the_templates_switch_and_keeps_the_reasoning():
+    for thinking in ({"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"},
+                     {"type": "adaptive", "display": "summarized"}):
+        got = body(max_tokens=2048, thinking=thinking)
+        assert got["chat_template_kwargs"] == {"enable_thinking": True} and got["include_reasoning"]
+    omitted = body(thinking={"type": "adaptive", "display": "omitted"})
+    assert omitted["chat_template_kwargs"] == {"enable_thinking": True}
+    assert omitted["include_reasoning"] is False
+    # no thinking field: the template's own default, the reasoning left out
+    assert "chat_template_kwargs" not in body() and body()["include_reasoning"] is False
+    # the request's own chat_template_kwargs win
+    got = body(thinking={"type": "disabled"}, chat_template_kwargs={"enable_thinking": True, "x": 1})
+    assert got["chat_template_kwargs"] == {"enable_thinking": True, "x": 1}
+    counted, _ = chat_body({"messages": USER, "thinking": {"type": "adaptive"}}, "count_tokens")
+    assert counted["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+@pytest.mark.parametrize("thinking,param_message", [
+    ({"type": "enabled"}, "thinking.budget_tokens: Field required"),
+    ({"type": "enabled", "budget_tokens": 1000}, "thinking.budget_tokens: must be at least 1024"),
+    ({"type": "enabled", "budget_tokens": 4096}, "thinking.budget_tokens: must be less than max_tokens"),
+    ({"type": "sometimes"}, "thinking: must be"), ("on", "thinking: must be"),
+    ({"type": "disabled", "budget_tokens": 2000}, "thinking.budget_tokens: this field"),
+    ({"type": "adaptive", "display": "full"}, "thinking.display: must be")])
+def test_bad_thinking_is_named(thinking, param_message):
+    exc = refused({"max_tokens": 2048, "messages": USER, "thinking": thinking})
+    assert exc.param == "thinking" and exc.message.startswith(param_message)
+
+
+def test_claude_codes_roles_and_system_messages():
+    # ctx and msg are user turns; a system message before any turn joins the system prompt
+    got = body(system="S", messages=[{"role": "system", "content": "Also this."},
+                                     {"role": "ctx", "content": "C"}, {"role": "msg", "content": "M"}])
+    assert got["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "S"}, {"type": "text", "text": "Also this."}]},
+        {"role": "user", "content": [{"type": "text", "text": "C"}, {"type": "text", "text": "M"}]}]
+    # a system message after a turn: user text where it stands, after that turn's tool results,
+    # and the messages before it unchanged (a prefix of what the previous request rendered)
+    call = {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1, "b": 2}}
+    history = [{"role": "user", "content": "Add."}, {"role": "assistant", "content": [call]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]}]
+    before = body(messages=history)["messages"]
+    after = body(messages=history + [{"role": "system", "content": [{"type": "text", "text": "Agents: x"}]},
+                                     {"role": "user", "content": "Go on."}])["messages"]
+    assert after[:len(before)] == before
+    assert after[len(before):] == [{"role": "user", "content": [
+        {"type": "text", "text": "Agents: x"}, {"type": "text", "text": "Go on."}]}]
+    assert [m["role"] for m in template_messages({"messages": after})] == [
+        "user", "assistant", "tool", "user"]
+    # after a user turn: joined to it
+    got = body(messages=[{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be brief."}])
+    assert got["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Hi"}, {"type": "text", "text": "Be brief."}]}]
+    assert refused({"max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}).param == "messages"
+
+
+def test_the_billing_header_is_left_out_of_the_prompt():
+    line = "x-anthropic-billing-header: cc_version=2.1.37.0d9; cc_entrypoint=cli; cch=fa690;"
+    got = body(system=[{"type": "text", "text": line}, {"type": "text", "text": "You are X."}])
+    assert got["messages"][0] == {"role": "system", "content": [{"type": "text", "text": "You are X."}]}
+    assert body(system=line + "\nYou are X.")["messages"][0]["content"] == [
+        {"type": "text", "text": "You are X."}]
+    assert body(system=line)["messages"] == USER
+
+
+def test_thinking_history_and_tool_errors():
+    got = body(messages=[
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hmm.", "signature": "s"},
+                                          {"type": "redacted_thinking", "data": "opaque"},
+                                          {"type": "text", "text": "A"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom",
+                                      "is_error": True}]}])
+    assert got["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "A"}],
+                                  "reasoning_content": "Hmm."}
+    assert got["messages"][2] == {"role": "tool", "tool_call_id": "t", "content": "Error: boom"}
+    rendered = template_messages(got)
+    assert rendered[1] == {"role": "assistant", "content": "A", "reasoning_content": "Hmm."}
 
 
 def test_system_as_a_string_or_text_blocks():
@@ -77,7 +158,7 @@ def test_text_blocks_tool_use_and_tool_results_in_order():
                         "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
     assert json.loads(calls[1]["function"]["arguments"]) == {"a": "é", "b": 0}
     assert got[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "5"}
-    assert got[4]["content"] == "bad\ninput" and got[5]["content"] == ""
+    assert got[4]["content"] == "Error: bad\ninput" and got[5]["content"] == ""  # is_error: said in the text
     # the chat path reads it: text joined, arguments parsed back for the template
     cleaned = template_messages({"messages": got})
     assert cleaned[1]["content"] == "Adding." and cleaned[2]["content"] == "Here:"
@@ -139,10 +220,13 @@ def test_images_and_documents_are_refused(block):
      "messages[0].content[0]"),
     ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
      "messages[0].content[0]"),
-    ([{"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]}],
+    ([{"role": "user", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}]}],
      "messages[0].content[0]"),
+    ([{"role": "assistant", "content": [{"type": "thinking", "thinking": 3, "signature": "s"}]}],
+     "messages[0].content[0].thinking"),
+    ([{"role": "developer", "content": "x"}], "messages[0]"),
     ([{"role": "user", "content": [{"type": "web_search_tool_result"}]}], "messages[0].content[0]"),
-    ([{"role": "system", "content": "x"}], "messages[0]"),
+    ([{"role": "system", "content": "x"}], "messages"),  # no user or assistant turn
     ([{"role": "user", "content": []}], "messages[0].content"),
     ([{"role": "user", "content": "x", "name": "me"}], "messages[0].name"),
     ([{"role": "user", "content": [{"type": "text", "text": "x"},
@@ -181,6 +265,10 @@ def test_tools_and_tool_choice():
                                           "description": "Add two integers"}},
         {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
     assert "tool_choice" not in got  # the chat path's default with tools: "auto"
+    newer = body(tools=[{**ADD, "strict": True, "eager_input_streaming": True, "defer_loading": False,
+                         "input_examples": [{"a": 1, "b": 2}]}])["tools"][0]["function"]
+    assert newer["strict"] is True
+    assert newer["description"] == 'Add two integers\n\nExample inputs:\n{"a": 1, "b": 2}'
     choices = {"auto": "auto", "any": "required", "none": "none"}
     for kind, expected in choices.items():
         assert body(tools=[ADD], tool_choice={"type": kind})["tool_choice"] == expected
@@ -203,14 +291,14 @@ def test_tools_and_tool_choice():
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
     ({"tools": [{"name": "x"}]}, "tools"),
     ({"tools": [{"name": "", "input_schema": {}}]}, "tools"),
-    ({"tools": [{"name": "x", "input_schema": {}, "strict": True}]}, "tools"),
+    ({"tools": [{"name": "x", "input_schema": {}, "defer_loading": True}]}, "tools"),
+    ({"tools": [{"name": "x", "input_schema": {}, "input_examples": [1]}]}, "tools"),
+    ({"tools": [{"name": "x", "input_schema": {}, "cache_ttl": 1}]}, "tools"),
     ({"tools": {"name": "x"}}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ({"tool_choice": {"type": "none", "disable_parallel_tool_use": True}}, "tool_choice"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-    ({"thinking": {"type": "adaptive"}}, "thinking"),
     ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ({"container": "c"}, "container"),
     ({"output_config": {"effort": "lots"}}, "output_config"),
@@ -293,6 +381,17 @@ def test_a_whole_message():
                    "stop_sequence": None, "usage": {"input_tokens": 7, "output_tokens": 3}}
 
 
+def test_reasoning_is_a_thinking_block_and_cached_tokens_are_cache_reads():
+    answer = chat()
+    answer["choices"][0]["message"]["reasoning"] = "Think."
+    answer["usage"]["prompt_tokens_details"] = {"cached_tokens": 4}
+    got = message(answer, [])
+    assert got["content"] == [{"type": "thinking", "thinking": "Think.", "signature": "pyserve"},
+                              {"type": "text", "text": "Hello."}]
+    assert got["usage"] == {"input_tokens": 3, "output_tokens": 3, "cache_creation_input_tokens": 0,
+                            "cache_read_input_tokens": 4}
+
+
 def test_stop_reasons():
     assert message(chat(finish="length"), [])["stop_reason"] == "max_tokens"
     got = message(chat(stop_reason="END"), ["END"])
@@ -357,6 +456,21 @@ def test_a_streamed_text_message():
     assert "".join(d["delta"]["text"] for k, d in events if k == "content_block_delta") == "Hello END"
     assert events[5][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert events[5][1]["usage"] == {"input_tokens": 7, "output_tokens": 2}
+
+
+def test_streamed_thinking_then_text():
+    events = run([chunk({"role": "assistant", "content": ""}, usage=(5, 0)),
+                  chunk({"reasoning": "Let me ", "reasoning_content": "Let me "}),
+                  chunk({"reasoning": "see.", "reasoning_content": "see."}),
+                  chunk({"content": "Four."}, finish="stop"), chunk(choices=False, usage=(5, 6))])
+    blocks = [(k, d.get("index"), d.get("content_block", d.get("delta", {})).get("type"))
+              for k, d in events if k.startswith("content_block")]
+    assert blocks == [("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+                      ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "signature_delta"),
+                      ("content_block_stop", 0, None), ("content_block_start", 1, "text"),
+                      ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None)]
+    assert events[1][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
+    assert "".join(d["delta"].get("thinking", "") for k, d in events if k == "content_block_delta") == "Let me see."
 
 
 def test_streamed_tool_calls():

@@ -6,6 +6,20 @@
                                           blocks -> its tool_calls (arguments as JSON text); a
                                           user's tool_result blocks -> role "tool" messages
                                           (tool_call_id), in order with its text
+    messages[].role ctx, msg              user (roles recent Claude Code sends)
+    messages[].role system                before the first user or assistant message: joins
+                                          the system prompt; later (a reminder in the middle
+                                          of a conversation): its text is given as user text
+                                          where it stands, after that turn's tool results, so
+                                          that templates which take one leading system
+                                          message render it and earlier turns stay a prefix
+    system text x-anthropic-billing-header: ...  dropped (Claude Code's per-request billing
+                                          line: it would change every prompt's first tokens
+                                          and defeat prefix caching; it means nothing to a
+                                          model)
+    an assistant's thinking blocks        its reasoning_content (templates that render past
+                                          reasoning read it); redacted_thinking: dropped
+    tool_result is_error true             its text prefixed with "Error: "
     consecutive turns of one role         one turn, as Anthropic combines them (parts and
                                           tool_calls joined)
     a final assistant message             a prefill: continue_final_message, no generation prompt
@@ -13,10 +27,24 @@
     stop_sequences                        stop
     temperature, top_p, top_k             the same
     stream                                stream, with stream_options include_usage
-    tools {name, description, input_schema}  function tools {name, description, parameters}
+    tools {name, description, input_schema}  function tools {name, description, parameters};
+                                          strict -> the function's strict (as on the chat
+                                          route), input_examples -> appended to the
+                                          description as JSON lines, eager_input_streaming
+                                          accepted (input_json_delta is always streamed),
+                                          defer_loading false accepted (true: tool search,
+                                          a 400)
     tool_choice auto | any | tool | none  "auto" | "required" | a named function | "none";
                                           disable_parallel_tool_use -> parallel_tool_calls false
-    thinking                              absent or disabled only (no thinking budget here)
+    thinking enabled | adaptive           the chat template's enable_thinking true (set by
+                                          chat_template_kwargs wins) and the reasoning kept:
+                                          with --reasoning-parser it comes back as a thinking
+                                          block (its signature "pyserve", checked by no one).
+                                          budget_tokens is checked as Anthropic checks it (at
+                                          least 1,024, below max_tokens) and is not a separate
+                                          limit here: thinking and text share max_tokens
+    thinking disabled                     enable_thinking false; absent: the template's own
+                                          default, any reasoning left out of the answer
     output_config.format (json_schema)    response_format json_schema (structured outputs)
     output_config.effort                  the chat template's reasoning_effort variable
     metadata, service_tier, speed,        accepted: they change nothing (cache_control on a
@@ -25,7 +53,7 @@
 
 pyserve's own sampling and structured-output fields (vLLM's extras, e.g. `structured_outputs`)
 pass through with their chat meaning. A 400 names what this server cannot honour: images and
-documents (the models served take text only), thinking blocks, server tools, REFUSED below
+documents (the models served take text only), server tools, REFUSED below
 (MCP servers, containers, OpenAI chat fields that would change the answer). Other unknown
 fields are ignored with a warning naming them in the log, as vLLM ignores them. Errors are
 APIError(400, message, param), with Anthropic's field names."""
@@ -60,6 +88,9 @@ FIELDS = {
     "count_tokens": _PROMPT_FIELDS | {"chat_template_kwargs", *NO_EFFECT},
 }
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+_ROLES = {"user": "user", "assistant": "assistant", "ctx": "user", "msg": "user"}
+BILLING_HEADER = "x-anthropic-billing-header:"
+THINKING_SIGNATURE = "pyserve"  # a thinking block's signature: nothing here checks it
 _TEXT_ONLY = "this server's model takes text only"
 
 
@@ -111,23 +142,32 @@ def _tool_call(block: dict, where: str) -> dict:
 
 
 def _tool_message(block: dict, where: str) -> dict:
-    # is_error has no place in a chat template: the result's own text says what went wrong
     _check_keys(block, where, {"type", "tool_use_id", "content", "is_error"})
     if not isinstance(block.get("tool_use_id"), str):
         _fail(f"{where}.tool_use_id", "must be a string")
     content = block.get("content")
     text = "" if content is None else "\n".join(
         p["text"] for p in _text_parts(content, f"{where}.content"))
+    # a chat template has no place for is_error: the model reads it in the result's text
+    if field(block, "is_error", bool, False):
+        text = "Error: " + text if text else "Error"
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
+
+
+def _thinking_text(block: dict, where: str) -> str:
+    _check_keys(block, where, {"type", "thinking", "signature"})
+    if not isinstance(block.get("thinking"), str):
+        _fail(f"{where}.thinking", "must be a string")
+    return block["thinking"]
 
 
 def _turn(i: int, message) -> list[dict]:
     """One Anthropic message -> its chat messages (a user's tool results split it)."""
     where = f"messages[{i}]"
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        _fail(where, "must be an object with role \"user\" or \"assistant\"")
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        _fail(where, "must be an object with role \"user\", \"assistant\" or \"system\"")
     _check_keys(message, where, {"role", "content"})
-    role, content = message["role"], message.get("content")
+    role, content = _ROLES[message["role"]], message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list) or not content:
@@ -135,6 +175,7 @@ def _turn(i: int, message) -> list[dict]:
     out: list[dict] = []
     parts: list[dict] = []
     calls: list[dict] = []
+    reasoning: list[str] = []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -149,10 +190,12 @@ def _turn(i: int, message) -> list[dict]:
             out.append(_tool_message(block, at))
         elif kind in ("image", "document"):
             _fail(at, f"{kind} blocks are not supported: {_TEXT_ONLY}")
-        elif kind in ("thinking", "redacted_thinking"):
-            _fail(at, f"{kind} blocks are not supported: this server returns no thinking")
-        elif kind in ("tool_use", "tool_result"):
-            owner = "an assistant" if kind == "tool_use" else "a user"
+        elif kind == "thinking" and role == "assistant":
+            reasoning.append(_thinking_text(block, at))
+        elif kind == "redacted_thinking" and role == "assistant":
+            _check_keys(block, at, {"type", "data"})  # opaque: nothing a template can render
+        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
+            owner = "a user" if kind == "tool_result" else "an assistant"
             _fail(at, f"{kind} blocks belong in {owner} message")
         else:
             _fail(at, f"content blocks of type {brief(kind)} are not supported by this server")
@@ -160,6 +203,8 @@ def _turn(i: int, message) -> list[dict]:
         message = {"role": "assistant", "content": parts or None}
         if calls:
             message["tool_calls"] = calls
+        if reasoning:
+            message["reasoning_content"] = "\n".join(reasoning)
         out.append(message)
     elif parts:
         out.append({"role": "user", "content": parts})
@@ -182,7 +227,51 @@ def _extend(chat: list[dict], turn: list[dict]) -> None:
         last["content"] = _parts(last["content"]) + _parts(first["content"])
         if first.get("tool_calls"):
             last["tool_calls"] = last.get("tool_calls", []) + first["tool_calls"]
+        if first.get("reasoning_content"):
+            last["reasoning_content"] = "\n".join(
+                filter(None, (last.get("reasoning_content"), first["reasoning_content"])))
     chat += turn
+
+
+def _system_parts(content, where: str) -> list[dict]:
+    """System text as text parts, Claude Code's billing line left out."""
+    parts = []
+    for part in _text_parts(content, where):
+        text = part["text"]
+        if text.startswith(BILLING_HEADER):
+            text = text.partition("\n")[2]  # a string system: the line, not the rest
+            if not text:
+                continue
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
+def _remind(chat: list[dict], parts: list[dict]) -> None:
+    """A system message met mid-conversation: its text as user text where it stands (joined
+    to a user message that ends the chat so far, else a user message of its own)."""
+    if chat and chat[-1]["role"] == "user":
+        chat[-1]["content"] = _parts(chat[-1]["content"]) + parts
+    else:
+        chat.append({"role": "user", "content": parts})
+
+
+def _conversation(system, messages: list) -> list[dict]:
+    """The chat messages of a request's system and messages."""
+    leading = [] if system is None or system == "" or system == [] else _system_parts(system, "system")
+    chat: list[dict] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "system":
+            _check_keys(message, f"messages[{i}]", {"role", "content"})
+            parts = _system_parts(message.get("content"), f"messages[{i}].content")
+            if not chat:
+                leading += parts
+            elif parts:
+                _remind(chat, parts)
+            continue
+        _extend(chat, _turn(i, message))
+    if not chat:
+        _fail("messages", "must hold a user or assistant message")
+    return ([{"role": "system", "content": leading}] if leading else []) + chat
 
 
 def _tools(tools) -> list[dict]:
@@ -197,14 +286,28 @@ def _tools(tools) -> list[dict]:
             _fail(where, "must be an object")
         if tool.get("type") not in (None, "custom"):
             _fail(f"{where}.type", f"server tools ({brief(tool['type'])}) are not supported by this server")
-        _check_keys(tool, where, {"type", "name", "description", "input_schema"})
+        _check_keys(tool, where, {"type", "name", "description", "input_schema", "strict",
+                                  "input_examples", "eager_input_streaming", "defer_loading"})
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             _fail(f"{where}.name", "must be a non-empty string")
         if not isinstance(tool.get("input_schema"), dict):
             _fail(f"{where}.input_schema", "must be a JSON schema object")
+        field(tool, "eager_input_streaming", bool)  # input_json_delta is streamed either way
+        if field(tool, "defer_loading", bool, False):
+            _fail(f"{where}.defer_loading", "deferred tools (tool search) are not supported by "
+                  "this server")
         function = {"name": tool["name"], "parameters": tool["input_schema"]}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
+        description = tool.get("description")
+        examples = tool.get("input_examples")
+        if examples is not None:
+            if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+                _fail(f"{where}.input_examples", "must be a list of objects")
+            lines = "\n".join(json.dumps(e, ensure_ascii=False) for e in examples)
+            description = f"{description or ''}\n\nExample inputs:\n{lines}".lstrip("\n")
+        if description is not None:
+            function["description"] = description
+        if tool.get("strict") is not None:
+            function["strict"] = field(tool, "strict", bool)
         out.append({"type": "function", "function": function})
     return out
 
@@ -255,6 +358,35 @@ def _output_config(config, body: dict) -> None:
         body["chat_template_kwargs"] = kwargs
 
 
+def _thinking(thinking, body: dict, max_tokens: int | None) -> None:
+    """thinking -> the template's enable_thinking (chat_template_kwargs' own value wins) and
+    whether the answer keeps the reasoning."""
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive", "disabled"):
+        _fail("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+              "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
+    kind = thinking["type"]
+    _check_keys(thinking, "thinking", {"type", "budget_tokens", "display"} if kind == "enabled"
+                else {"type", "display"} if kind == "adaptive" else {"type"})
+    if thinking.get("display") not in (None, "summarized", "omitted"):
+        _fail("thinking.display", f"must be summarized or omitted, got {brief(thinking['display'])}")
+    if kind == "enabled":
+        budget = field(thinking, "budget_tokens", int)
+        if budget is None:
+            _fail("thinking.budget_tokens", "Field required")
+        if budget < 1024:
+            _fail("thinking.budget_tokens", f"must be at least 1024, got {budget}")
+        if max_tokens is not None and budget >= max_tokens:
+            _fail("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), got {budget}")
+    enabled = kind != "disabled"
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    kwargs.setdefault("enable_thinking", enabled)
+    body["chat_template_kwargs"] = kwargs
+    # display "omitted": thinking happens, its text is not returned
+    body["include_reasoning"] = enabled and thinking.get("display") != "omitted"
+
+
 def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     """(the chat body, the stop sequences) for a /v1/messages request, or (route
     "count_tokens") the body whose rendered prompt /v1/messages/count_tokens counts."""
@@ -271,23 +403,15 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     model = request.get("model")
     if model is not None and not isinstance(model, str):
         _fail("model", "must be a string")
-    thinking = request.get("thinking")
-    if thinking is not None and thinking != {"type": "disabled"}:
-        _fail("thinking", "only {\"type\": \"disabled\"}: this server has no extended thinking")
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         _fail("messages", "must be a non-empty list")
     if len(messages) > MAX_MESSAGES:  # before any is translated
         _fail("messages", f"may hold at most {MAX_MESSAGES} messages, got {len(messages)}")
-    chat: list[dict] = []
-    system = request.get("system")
-    if system is not None and system != "" and system != []:
-        chat.append({"role": "system", "content": _text_parts(system, "system")})
-    for i, message in enumerate(messages):
-        _extend(chat, _turn(i, message))
-    # reasoning (with --reasoning-parser) has no place in an answer without thinking blocks
+    chat = _conversation(request.get("system"), messages)
+    # reasoning (with --reasoning-parser) is kept only where thinking is asked for
     body: dict = {"model": model, "messages": chat, "include_reasoning": False}
-    if messages[-1].get("role") == "assistant":  # Anthropic's prefill: the answer continues it
+    if chat[-1]["role"] == "assistant":  # Anthropic's prefill: the answer continues it
         if chat[-1].get("tool_calls"):
             _fail(f"messages[{len(messages) - 1}]", "a final assistant message cannot end with "
                   "tool_use: send its tool_result in a user message")
@@ -305,6 +429,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
             _fail("output_format", "give output_config.format or output_format, not both")
         _output_config({"format": request["output_format"]}, body)
     if route == "count_tokens":
+        _thinking(request.get("thinking"), body, None)
         return body, []
     max_tokens = field(request, "max_tokens", int)
     if max_tokens is None:
@@ -312,6 +437,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     if max_tokens < 1:
         _fail("max_tokens", f"must be at least 1, got {max_tokens}")
     body["max_tokens"] = max_tokens
+    _thinking(request.get("thinking"), body, max_tokens)
     stops = request.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list)
                               or not all(isinstance(s, str) and s for s in stops)):

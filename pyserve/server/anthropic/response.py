@@ -1,6 +1,8 @@
 """A chat completion (or its chunks) -> Anthropic's message (or its stream of events).
 
     id chatcmpl-X                 msg_X;  a tool call's call_Y -> toolu_Y
+    message.reasoning             a thinking block first (thinking asked for, with
+                                  --reasoning-parser), its signature THINKING_SIGNATURE
     message.content               a text block (when not empty)
     message.tool_calls            tool_use blocks, `input` parsed from the arguments
     finish_reason stop            end_turn; stop_sequence (with the sequence) when the choice's
@@ -9,10 +11,12 @@
     finish_reason length          max_tokens
     finish_reason tool_calls      tool_use
     finish_reason abort           an overloaded_error (the server ended the request)
-    usage prompt/completion       input_tokens / output_tokens
+    usage prompt/completion       input_tokens / output_tokens (cached prompt tokens, with
+                                  --enable-prompt-tokens-details: cache_read_input_tokens)
 
-A stream is message_start, then per content block content_block_start, its deltas (text_delta,
-or input_json_delta carrying the tool call's argument pieces) and content_block_stop, then
+A stream is message_start, then per content block content_block_start, its deltas (thinking_delta
+then one signature_delta, text_delta, or input_json_delta carrying the tool call's argument
+pieces) and content_block_stop, then
 message_delta (stop_reason, stop_sequence, usage) and message_stop. An engine failure ends it
 with an error event."""
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 
+from pyserve.server.anthropic.request import THINKING_SIGNATURE
 from pyserve.server.errors import APIError, anthropic_error_type
 
 _ABORTED = "the request was ended by the server before it finished (it is shutting down)"
@@ -57,9 +62,15 @@ def stop_reason(finish: str | None, matched, stop_sequences: list[str],
 
 
 def usage(chat_usage: dict | None) -> dict:
+    """Anthropic's usage; with --enable-prompt-tokens-details the prompt tokens the prefix
+    cache served are cache_read_input_tokens, and input_tokens the rest (Anthropic's split)."""
     chat_usage = chat_usage or {}
-    return {"input_tokens": chat_usage.get("prompt_tokens", 0),
-            "output_tokens": chat_usage.get("completion_tokens", 0)}
+    prompt = chat_usage.get("prompt_tokens", 0)
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    out = {"input_tokens": prompt - (cached or 0), "output_tokens": chat_usage.get("completion_tokens", 0)}
+    if cached is not None:
+        out["cache_creation_input_tokens"], out["cache_read_input_tokens"] = 0, cached
+    return out
 
 
 def message(chat: dict, stop_sequences: list[str]) -> dict:
@@ -67,6 +78,9 @@ def message(chat: dict, stop_sequences: list[str]) -> dict:
     choice = chat["choices"][0]
     answer = choice["message"]
     content: list[dict] = []
+    if answer.get("reasoning"):
+        content.append({"type": "thinking", "thinking": answer["reasoning"],
+                        "signature": THINKING_SIGNATURE})
     if answer.get("content"):
         content.append({"type": "text", "text": answer["content"]})
     calls = answer.get("tool_calls") or []
@@ -116,6 +130,11 @@ class MessageEvents:
                 "usage": {"input_tokens": self.usage["input_tokens"], "output_tokens": 0}}}))
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
+            if delta.get("reasoning"):
+                if self.open is None or self.open[0] != "thinking":
+                    events += self._start({"type": "thinking", "thinking": "", "signature": ""})
+                events.append(self._delta(self.open[1], {"type": "thinking_delta",
+                                                         "thinking": delta["reasoning"]}))
             if delta.get("content"):
                 if self.open is None or self.open[0] != "text":
                     events += self._start({"type": "text", "text": ""})
@@ -160,8 +179,11 @@ class MessageEvents:
     def _stop(self) -> list[tuple[str, dict]]:
         if self.open is None:
             return []
-        index, self.open = self.open[1], None
-        return [("content_block_stop", {"type": "content_block_stop", "index": index})]
+        (kind, index), self.open = self.open, None
+        events = []
+        if kind == "thinking":  # a thinking block ends with its signature
+            events.append(self._delta(index, {"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": index})]
 
     @staticmethod
     def _delta(index: int, delta: dict) -> tuple[str, dict]:

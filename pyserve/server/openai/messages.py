@@ -64,6 +64,12 @@ def template_messages(body: dict) -> list[dict]:
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 message[key] = m[key]
+        # an assistant turn's reasoning, for templates that render it (vLLM takes either name)
+        reasoning = m.get("reasoning_content", m.get("reasoning"))
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise APIError(400, f"messages[{i}]: reasoning_content must be a string", "messages")
+            message["reasoning_content"] = reasoning
         if m.get("tool_calls"):
             message["tool_calls"] = template_tool_calls(m["tool_calls"])
         cleaned.append(message)
