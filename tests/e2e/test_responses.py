@@ -225,7 +225,10 @@ def test_what_the_agents_sdk_sends(client):
     """openai-agents sends include and tools even when empty, and text with only a verbosity;
     clients turn obfuscation off with stream_options. The echo fills in what OpenAI's does."""
     kw = dict(include=[], tools=[], text={"verbosity": "low"}, metadata={"run": "2"},
-              safety_identifier="s", prompt_cache_key="k", extra_body=scripted(PARIS))
+              safety_identifier="s", prompt_cache_key="k",
+              extra_body={**scripted(PARIS), "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+                          "background_options": {"completion_window": "soonest"},
+                          "image": {"context_compression": "auto"}})
     r = ask(client, **kw)
     assert r.output_text == PARIS and r.text.format.type == "text" and r.text.verbosity == "low"
     assert (r.safety_identifier, r.prompt_cache_key) == ("s", "k") and r.completed_at >= r.created_at
@@ -233,6 +236,36 @@ def test_what_the_agents_sdk_sends(client):
     events = list(ask(client, stream=True, stream_options={"include_obfuscation": False}, **kw))
     assert events[-1].type == "response.completed" and events[-1].response.output_text == PARIS
     assert events[0].response.completed_at is None and events[-1].response.text.format.type == "text"
+
+
+def test_max_output_tokens_is_capped_at_the_room_the_prompt_leaves(client):
+    """vLLM's Responses caps max_output_tokens at the context the prompt leaves (chat refuses)."""
+    r = ask(client, max_output_tokens=10**6, extra_body=scripted(PARIS))
+    assert r.status == "completed" and r.output_text == PARIS
+    with pytest.raises(openai.BadRequestError):  # the chat route refuses the same ask
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=10**6)
+
+
+def test_reasoning_items_and_an_unfinished_answer(client):
+    """Reasoning items replayed from another server's output are read (into the assistant
+    turn's reasoning_content); a last assistant message left incomplete is continued, as the
+    chat path continues a final message with continue_final_message."""
+    history = [{"role": "user", "content": "Count to five."},
+               {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Easy."}]},
+               {"type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": "One, two, three, four, five."}]},
+               {"role": "user", "content": "Again."}]
+    assert ask(client, input=history, max_output_tokens=8, reasoning={"effort": "low"}).reasoning.effort == "low"
+    partial = [{"role": "user", "content": "Count to five."},
+               {"type": "message", "role": "assistant", "status": "incomplete",
+                "content": [{"type": "output_text", "text": "One, two,"}]}]
+    r = ask(client, input=partial, max_output_tokens=6)
+    chat = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=6, messages=[
+            {"role": "user", "content": "Count to five."}, {"role": "assistant", "content": "One, two,"}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert r.output_text == chat.choices[0].message.content
 
 
 def test_delete_then_get_is_404(client):
@@ -256,6 +289,13 @@ def test_delete_then_get_is_404(client):
     (dict(model="no-such-model"), 404, "model"),
     (dict(metadata={"run": 1}), 400, "metadata"),  # OpenAI's metadata values are strings
     (dict(include=["message.output_text.bogus"]), 400, "include"),
+    (dict(extra_body={"moderation": {"model": "omni-moderation-latest"}}), 400, "moderation"),
+    (dict(extra_body={"prompt_cache_options": {"prewarm": True}}), 400, "prompt_cache_options"),
+    (dict(service_tier="cheapest"), 400, "service_tier"),
+    (dict(tools=[{**ADD, "defer_loading": True}], tool_choice="required"), 400, "tools"),
+    (dict(input=[{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+                 {"role": "user", "content": "Hi"}]), 400, "input"),
+    (dict(input="word " * 9000), 400, "input"),  # the prompt alone is longer than the model
     # tools without tool_choice mean "auto", which needs --enable-auto-tool-choice (as on chat)
     (dict(tools=[ADD]), 400, "tool_choice"),
 ])

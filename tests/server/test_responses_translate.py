@@ -66,6 +66,35 @@ def test_items_become_messages():
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
 
 
+def test_reasoning_items_go_to_the_assistant_turn_they_precede():
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Sum."}],
+               "content": [{"type": "reasoning_text", "text": "1 + 1 is 2."}]}
+    call = {"type": "function_call", "call_id": "c", "name": "add", "arguments": "{}"}
+    got = input_messages([{"role": "user", "content": "Add."}, thought, call,
+                          {"type": "function_call_output", "call_id": "c", "output": "2"},
+                          {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "Done."}]},
+                          {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "2"}]}])
+    assert got[1] == {"role": "assistant", "content": None, "reasoning_content": "1 + 1 is 2.", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}
+    assert got[3] == {"role": "assistant", "content": "2", "reasoning_content": "Done."}
+    # a text turn followed by reasoning and a call: the call is the reasoning's own turn
+    split = input_messages([{"role": "assistant", "content": "Let me see."}, thought, call])
+    assert [m.get("reasoning_content") for m in split] == [None, "1 + 1 is 2."]
+    for bad in ({**thought, "encrypted_content": "gAAA"}, {**thought, "content": [{"type": "text", "text": "x"}]}):
+        with pytest.raises(APIError) as info:
+            input_messages([bad])
+        assert info.value.param == "input"
+
+
+def test_an_incomplete_last_assistant_message_is_continued():
+    partial = {"type": "message", "role": "assistant", "status": "incomplete",
+               "content": [{"type": "output_text", "text": "One, two,"}]}
+    got, _ = chat_body({"input": [{"role": "user", "content": "Count."}, partial]}, [])
+    assert (got["add_generation_prompt"], got["continue_final_message"]) == (False, True)
+    done, _ = chat_body({"input": [{"role": "user", "content": "Count."}, {**partial, "status": "completed"}]}, [])
+    assert "continue_final_message" not in done
+
+
 def test_history_comes_first():
     history = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
     chat, conversation = chat_body({"input": "3", "instructions": "I"}, history)
@@ -125,7 +154,10 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
     ({"input": "x", "instructions": ["no"]}, "instructions", "instructions"),
     ({}, "input", "input"),
     ({"input": []}, "input", "non-empty"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input", "no message"),
+    ({"input": [{"type": "reasoning", "summary": "x"}, {"role": "user", "content": "y"}]}, "input",
+     "summary must be a list"),
+    ({"input": [{"type": "compaction"}]}, "input", "compaction"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input",
      "input_image"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "role"),
@@ -327,7 +359,7 @@ class FakeServing:
         self.check_model(body.get("model"))
         return body
 
-    async def chat_result(self, request, body):
+    async def chat_result(self, request, body, fit_max_tokens=False):
         self.bodies.append(body)
         if body.get("max_tokens") == 99:
             raise APIError(400, "too long", "max_tokens")
@@ -505,7 +537,7 @@ def test_a_background_run_that_breaks_fails_with_a_terminal_event_and_leaves_the
         yield chunk({"role": "assistant", "content": ""})
         raise RuntimeError("boom")
 
-    async def chat_result(request, body):
+    async def chat_result(request, body, fit_max_tokens=False):
         return broken_chunks()
 
     serving.chat_result = chat_result

@@ -302,10 +302,13 @@ class OpenAIServing:
     async def chat(self, request: Request) -> Response | StreamingResponse:
         return await self.chat_result(request, self.parse_body(request), as_data=False)
 
-    async def chat_result(self, request: Request, body: dict, as_data: bool = True):
+    async def chat_result(self, request: Request, body: dict, as_data: bool = True,
+                          fit_max_tokens: bool = False):
         """A chat request's answer. as_data: the response as a dict, or (stream true) an async
         iterator of chunk dicts, which other APIs (Anthropic's, Responses) translate; the
-        caller must exhaust or aclose() it. Else the HTTP response."""
+        caller must exhaust or aclose() it. Else the HTTP response. fit_max_tokens: max_tokens
+        is capped at the room the prompt leaves in the model length (vLLM's Responses reads
+        max_output_tokens so), where chat refuses a request that asks for more."""
         stream = field(body, "stream", bool, False)
         check_fields(body, "chat")
         check_unsupported(body, stream)
@@ -323,6 +326,8 @@ class OpenAIServing:
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
         params = beam_search_params(body, await self._constrained(body, params, forced))
         prompt = await self._chat_prompt(body, tools, requested_max_tokens(body, chat=True))
+        if fit_max_tokens:
+            params = self._fitted(params, len(prompt))
         # vLLM: the response speaks as --response-role after a generation prompt, else it
         # continues the last message's role
         last = body["messages"][-1]
@@ -341,6 +346,18 @@ class OpenAIServing:
             self._reasoning_parser(thinking), include_reasoning, parallel)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output, as_data=as_data, chat_echo=echo_text)
+
+    def _fitted(self, params, prompt_tokens: int):
+        """params with max_tokens at most the room a prompt of prompt_tokens leaves; a prompt
+        with no room is the messages' fault (the route names its own field for them)."""
+        room = self.engine.max_model_len - prompt_tokens
+        if room <= 0:
+            raise APIError(400, f"This model's maximum context length is {self.engine.max_model_len} "
+                           f"tokens. However, your prompt has {prompt_tokens} tokens. Please shorten "
+                           "the prompt.", "messages")
+        if getattr(params, "max_tokens", None) is not None and params.max_tokens > room:
+            params = dataclasses.replace(params, max_tokens=room)
+        return params
 
     def _tool_parser(self, tools):
         from pyserve.server.openai.tool_parsers import tool_parser

@@ -70,6 +70,14 @@ def usage(chat_usage: dict | None) -> dict:
             "total_tokens": prompt + completion}
 
 
+def _reasoning_echo(reasoning) -> dict | None:
+    """The request's reasoning settings as the response echoes them (effort applied as the
+    chat template's reasoning_effort; no summaries here)."""
+    if not isinstance(reasoning, dict):
+        return None
+    return {"effort": reasoning.get("effort"), "summary": None}
+
+
 class Turn:
     """One Responses request: its id and the request fields every response object echoes."""
 
@@ -86,7 +94,7 @@ class Turn:
             "metadata": body.get("metadata") or {},
             "parallel_tool_calls": field(body, "parallel_tool_calls", bool, True),
             "previous_response_id": body.get("previous_response_id"),
-            "reasoning": None, "store": field(body, "store", bool, True),
+            "reasoning": _reasoning_echo(body.get("reasoning")), "store": field(body, "store", bool, True),
             # the effective values: the request's, else the model's generation defaults
             "temperature": field(body, "temperature", float, defaults.get("temperature", 1.0)),
             "top_p": field(body, "top_p", float, defaults.get("top_p", 1.0)),

@@ -7,11 +7,15 @@ messages (for the prompt, and for the store that later turns build on).
                                     function_call items -> an assistant turn's tool_calls
                                     (consecutive calls, and a text turn just before them, are
                                     one assistant message); function_call_output -> a tool
-                                    message
+                                    message; reasoning items -> the next assistant turn's
+                                    reasoning_content (encrypted_content: a 400); a last
+                                    assistant message of status incomplete is continued
+                                    (continue_final_message), as vLLM continues it
     instructions                    a system message first (not kept for later turns)
     previous_response_id            that response's conversation (its input, and its output
                                     as the assistant's turn) before this input
-    max_output_tokens               max_tokens
+    max_output_tokens               max_tokens, capped at the room the prompt leaves in the
+                                    model length (vLLM's Responses caps it; chat refuses)
     temperature, top_p              the same
     tools (function tools)          chat tools {"type": "function", "function": {...}}
     tool_choice                     "auto" | "none" | "required" the same; {"type":
@@ -54,11 +58,15 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 # prompt_cache_key are echoed); stream_options holds only include_obfuscation, and pyserve's
 # events never carry an obfuscation field
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
-             "stream_options"}
+             "stream_options", "background_options", "image", "access_programs",
+             "prompt_cache_options"}
+# OpenAI's service tiers (vLLM's Responses request takes these)
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
 REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
                           "max_tool_calls": None, "prompt": None, "conversation": None,
                           "prompt_cache_retention": None, "context_management": None,
+                          "moderation": None,  # no moderation model here
                           # vLLM's ResponsesRequest fields pyserve does not implement
                           "cache_salt": None, "previous_input_messages": None,
                           "enable_response_messages": False, "mm_processor_kwargs": None,
@@ -106,6 +114,16 @@ def check_fields(body: dict) -> None:
         raise APIError(400, "background can only be used when `store` is true", "background")
     for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
         field(body, name, str)  # echoed (or read) as strings
+    if body.get("service_tier") not in (None, *SERVICE_TIERS):
+        raise APIError(400, f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got "
+                       f"{brief(body['service_tier'])}", "service_tier")
+    for name in ("background_options", "image", "access_programs", "prompt_cache_options"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise APIError(400, f"{name} must be an object", name)
+    # prewarm asks for no output at all: not what this route does
+    if (body.get("prompt_cache_options") or {}).get("prewarm"):
+        raise APIError(400, "prompt_cache_options.prewarm is not supported by this server (prefix "
+                       "caching here is automatic)", "prompt_cache_options")
     _check_metadata(body.get("metadata"))
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_obfuscation"}
@@ -164,32 +182,70 @@ def input_messages(items, where: str = "input") -> list[dict]:
     if len(items) > MAX_MESSAGES:  # before any is translated
         raise APIError(400, f"{where} may hold at most {MAX_MESSAGES} items, got {len(items)}", "input")
     messages: list[dict] = []
+    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they precede
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise APIError(400, f"{at} must be an object", "input")
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning.append(_reasoning_text(item, at))
+            continue
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
                 raise APIError(400, f"{at}: role must be one of {', '.join(INPUT_ROLES)}", "input")
             messages.append({"role": role, "content": _text(item.get("content"), at)})
+            if role == "assistant" and reasoning:
+                messages[-1]["reasoning_content"] = "\n".join(reasoning)
+                reasoning = []
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", at), "type": "function",
                     "function": {"name": _string(item, "name", at),
                                  "arguments": _string(item, "arguments", at)}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)  # one assistant turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning:
+                    messages[-1]["reasoning_content"] = "\n".join(reasoning)
+                    reasoning = []
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
                              "content": _text(item.get("output"), at)})
         else:
             raise APIError(400, f"{at}: input item type {brief(kind)} is not supported; only message, "
-                           "function_call and function_call_output items are", "input")
+                           "reasoning, function_call and function_call_output items are", "input")
+    if not messages:
+        raise APIError(400, f"{where} holds no message: reasoning items alone are no conversation", "input")
     return messages
+
+
+def _reasoning_text(item: dict, at: str) -> str:
+    """A reasoning item's text (its reasoning_text parts, else its summary's): what a
+    template that renders past reasoning shows. Encrypted reasoning is another server's."""
+    if item.get("encrypted_content") is not None:
+        raise APIError(400, f"{at}: encrypted_content cannot be read by this server", "input")
+    texts = []
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise APIError(400, f"{at}: {key} must be a list of parts", "input")
+        for part in parts:
+            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
+                raise APIError(400, f"{at}: {key} parts must be {kind} parts with a text", "input")
+            texts.append(part["text"])
+        if texts:
+            break
+    return "\n".join(texts)
+
+
+def continues_last_message(items) -> bool:
+    """The input ends with an assistant message left incomplete: the answer continues it."""
+    last = items[-1] if isinstance(items, list) and items else None
+    return (isinstance(last, dict) and last.get("type", "message") == "message"
+            and last.get("role") == "assistant" and last.get("status") == "incomplete")
 
 
 def chat_tools(tools) -> list[dict] | None:
@@ -208,6 +264,9 @@ def chat_tools(tools) -> list[dict] | None:
             continue
         if not isinstance(tool.get("name"), str):
             raise APIError(400, f"tools[{i}]: a function tool needs a name", "tools")
+        if field(tool, "defer_loading", bool, False):
+            raise APIError(400, f"tools[{i}].defer_loading: deferred tools (tool search) are not "
+                           "supported by this server", "tools")
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
                     if tool.get(key) is not None}
         out.append({"type": "function", "function": function})
@@ -309,6 +368,8 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     fmt = response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
+    if continues_last_message(body["input"]):
+        chat["add_generation_prompt"], chat["continue_final_message"] = False, True
     if field(body, "stream", bool, False) or field(body, "background", bool, False):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
