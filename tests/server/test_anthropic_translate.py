@@ -2,6 +2,7 @@
 chat bodies (and what the chat path's own readers make of them), chat answers and chunks to
 messages and events, and the routes over a stand-in for OpenAIServing."""
 
+import asyncio
 import json
 
 import orjson
@@ -9,11 +10,13 @@ import pytest
 import uvloop
 
 from pyserve.server.anthropic import AnthropicServing
+from pyserve.server.anthropic import serving as anthropic_serving
 from pyserve.server.anthropic.request import chat_body
 from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_type
 from pyserve.server.http import Request, StreamingResponse
 from pyserve.server.openai.messages import template_messages, tool_mode
+from pyserve.server.openai.streaming import ChunkStream
 
 USER = [{"role": "user", "content": "Hi"}]
 ADD = {"name": "add", "description": "Add two integers", "input_schema": {
@@ -531,12 +534,15 @@ class FakeServing:
         if self.error is not None:
             raise self.error
         if body.get("stream"):
-            return self._chunks()
+            return ChunkStream(self._chunks(), {"id": "chatcmpl-abc", "model": "m", "prompt_tokens": [3]})
         return self.result
 
     async def _chunks(self):
         try:
             for c in self.result:
+                if isinstance(c, float):  # a pause before the next chunk
+                    await asyncio.sleep(c)
+                    continue
                 yield c
         finally:
             self.closed = True
@@ -600,10 +606,34 @@ def test_route_streams_events():
     raw = read_stream(response).decode()
     frames = [f for f in raw.split("\n\n") if f]
     kinds = [f.split("\n")[0].removeprefix("event: ") for f in frames]
-    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == ["message_delta", "message_stop"]
+    assert kinds.count("message_start") == 1
     for frame, kind in zip(frames, kinds):
         assert json.loads(frame.split("\n")[1].removeprefix("data: "))["type"] == kind
+    start = json.loads(frames[0].split("\n")[1].removeprefix("data: "))["message"]
+    assert start["id"] == "msg_abc" and start["usage"] == {"input_tokens": 3, "output_tokens": 0}
     assert serving.closed and serving.bodies[0]["stream_options"]["include_usage"] is True
+
+
+def test_a_stream_pings_while_it_waits_and_a_client_leaving_mid_wait_ends_it(monkeypatch):
+    monkeypatch.setattr(anthropic_serving, "PING_S", 0.02)
+    serving = FakeServing([0.1, chunk({"role": "assistant", "content": ""}, usage=(3, 0)),
+                           chunk({"content": "Hi"}, finish="stop", usage=(3, 1))])
+    response = post(AnthropicServing(serving).messages, {"max_tokens": 4, "messages": USER, "stream": True})
+    kinds = [f.split("\n")[0].removeprefix("event: ") for f in read_stream(response).decode().split("\n\n") if f]
+    assert kinds[:2] == ["message_start", "ping"] and kinds.count("ping") >= 3
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    # the client goes while the stream waits for its first chunk: the chat stream is ended
+    waiting = FakeServing([60.0, chunk({"content": "never"})])
+    response = post(AnthropicServing(waiting).messages, {"max_tokens": 4, "messages": USER, "stream": True})
+
+    async def leave_after_three_events():
+        events = response.chunks
+        for _ in range(3):
+            await anext(events)
+        await events.aclose()
+    uvloop.run(leave_after_three_events())
+    assert waiting.closed
 
 
 def test_count_tokens_route():

@@ -14,7 +14,8 @@
     usage prompt/completion       input_tokens / output_tokens (cached prompt tokens, with
                                   --enable-prompt-tokens-details: cache_read_input_tokens)
 
-A stream is message_start, then per content block content_block_start, its deltas (thinking_delta
+A stream is message_start (sent before generation begins, with a ping; more pings while it
+waits), then per content block content_block_start, its deltas (thinking_delta
 then one signature_delta, text_delta, or input_json_delta carrying the tool call's argument
 pieces) and content_block_stop, then
 message_delta (stop_reason, stop_sequence, usage) and message_stop. An engine failure ends it
@@ -123,11 +124,7 @@ class MessageEvents:
         if chunk.get("usage"):
             self.usage = usage(chunk["usage"])
         if not self.started:
-            self.started = True
-            events.append(("message_start", {"type": "message_start", "message": {
-                "id": message_id(chunk["id"]), "type": "message", "role": "assistant",
-                "model": chunk["model"], "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": self.usage["input_tokens"], "output_tokens": 0}}}))
+            events += self.start(chunk["id"], chunk["model"], self.usage["input_tokens"])
         for choice in chunk.get("choices", []):
             delta = choice.get("delta") or {}
             if delta.get("reasoning"):
@@ -152,6 +149,14 @@ class MessageEvents:
             if choice.get("finish_reason") is not None:
                 self.finish, self.matched = choice["finish_reason"], choice.get("stop_reason")
         return events
+
+    def start(self, chat_id: str, model: str, input_tokens: int) -> list[tuple[str, dict]]:
+        """message_start (given before the first chunk, or by it)."""
+        self.started = True
+        return [("message_start", {"type": "message_start", "message": {
+            "id": message_id(chat_id), "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0}}})]
 
     def close(self) -> list[tuple[str, dict]]:
         """The events after the last chunk: the open block's stop, message_delta, message_stop."""

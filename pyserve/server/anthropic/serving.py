@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,10 @@ logger = logging.getLogger("pyserve")
 
 def _event(kind: str, data: dict) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+PING_S = 10.0  # seconds between pings while a stream waits for its next chunk
+_PING = _event("ping", {"type": "ping"})
 
 
 def _refusal(exc: APIError) -> Response:
@@ -51,9 +56,22 @@ class AnthropicServing:
         return StreamingResponse(200, self._events(result, stops))
 
     async def _events(self, chunks, stops: list[str]) -> AsyncIterator[bytes]:
+        """message_start and a ping at once (as Anthropic sends them: a long prompt's prefill
+        must not look like a dead stream to a client's idle watchdog), a ping every PING_S
+        while no chunk comes, then the chunks' events."""
         events = MessageEvents(stops)
+        for kind, data in events.start(chunks.id, chunks.model, chunks.prompt_tokens):
+            yield _event(kind, data)
+        yield _PING
+        pending = None
         try:
-            async for chunk in chunks:
+            while True:
+                pending = asyncio.ensure_future(anext(chunks, None))
+                while not (await asyncio.wait({pending}, timeout=PING_S))[0]:
+                    yield _PING
+                chunk, pending = pending.result(), None
+                if chunk is None:
+                    break
                 for kind, data in events.feed(chunk):
                     yield _event(kind, data)
                 if events.failed:
@@ -61,6 +79,9 @@ class AnthropicServing:
             for kind, data in events.close():
                 yield _event(kind, data)
         finally:  # a client gone, an engine failure: the chat stream discards its request
+            if pending is not None:  # its end (the cancel) ends the chat stream
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
             await chunks.aclose()
 
     async def count_tokens(self, request: Request) -> Response:

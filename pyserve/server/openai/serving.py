@@ -27,7 +27,7 @@ from pyserve.server.openai.messages import (load_template, template_documents, t
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
-from pyserve.server.openai.streaming import chunk_dicts, stream_chunks
+from pyserve.server.openai.streaming import ChunkStream, chunk_dicts, stream_chunks
 from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_PROMPTS
 from pyserve.server.values import brief, capped, check_nesting, token_ids
 from pyserve.tokenizer.tokenizer import apply_chat_template
@@ -419,7 +419,7 @@ class OpenAIServing:
                           else self.tokenizer.decode(ids)) for text, ids in prompts] if echo else None}
         if stream:
             if as_data:
-                return chunk_dicts(self, streams, meta, include_usage, continuous)
+                return ChunkStream(chunk_dicts(self, streams, meta, include_usage, continuous), meta)
             return StreamingResponse(200, stream_chunks(self, streams, meta, include_usage, continuous))
         try:
             response = await self._collect(streams, meta)

@@ -35,6 +35,26 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
         await chunks.aclose()
 
 
+class ChunkStream:
+    """chunk_dicts' chunks for another API to translate, with what is known before the first
+    of them: the response's id, model and prompt tokens (Anthropic's message_start goes out at
+    once, not after the prefill). Iterate it (or anext() it) and aclose() it as the generator."""
+
+    def __init__(self, chunks: AsyncIterator[dict], meta: dict):
+        self._chunks = chunks
+        self.id, self.model = meta["id"], meta["model"]
+        self.prompt_tokens = sum(meta["prompt_tokens"])
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+
+
 async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,
                       continuous_usage: bool) -> AsyncIterator[dict]:
     """A streamed response's chunks as data: per choice a role chunk (chat; with echo, then
