@@ -524,6 +524,10 @@ class FakeServing:
 
     def __init__(self, result=None, error=None):
         self.result, self.error, self.bodies, self.closed = result, error, [], False
+        self.discarded = False
+
+    def _discard(self):
+        self.discarded = True
 
     def check_model(self, model):
         if model not in (None, "") and model not in self.names:
@@ -534,7 +538,8 @@ class FakeServing:
         if self.error is not None:
             raise self.error
         if body.get("stream"):
-            return ChunkStream(self._chunks(), {"id": "chatcmpl-abc", "model": "m", "prompt_tokens": [3]})
+            return ChunkStream(self._chunks(), {"id": "chatcmpl-abc", "model": "m", "prompt_tokens": [3]},
+                               self._discard)
         return self.result
 
     async def _chunks(self):
@@ -633,7 +638,16 @@ def test_a_stream_pings_while_it_waits_and_a_client_leaving_mid_wait_ends_it(mon
             await anext(events)
         await events.aclose()
     uvloop.run(leave_after_three_events())
-    assert waiting.closed
+    assert waiting.closed and waiting.discarded
+    # or at once, after message_start: the requests are discarded though no chunk was read
+    early = FakeServing([chunk({"content": "never"})])
+    response = post(AnthropicServing(early).messages, {"max_tokens": 4, "messages": USER, "stream": True})
+
+    async def leave_at_once():
+        await anext(response.chunks)
+        await response.chunks.aclose()
+    uvloop.run(leave_at_once())
+    assert early.discarded and not early.closed
 
 
 def test_count_tokens_route():

@@ -17,6 +17,7 @@ from pyserve.server.http import Request
 from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
 from pyserve.server.openai.responses.translate import chat_body, input_messages
+from pyserve.server.openai.streaming import ChunkStream
 
 EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
 ADD = {"type": "function", "name": "add", "description": "Add", "strict": True,
@@ -345,7 +346,8 @@ class FakeServing:
 
     def __init__(self):
         self.bodies = []
-        self.closed = 0
+        self.closed = 0  # chat streams that ran to their end or were closed while running
+        self.discarded = 0  # chat streams closed, run or not
         self.gate: asyncio.Event | None = None  # set: the stream waits on it after its first chunk
 
     def check_model(self, model):
@@ -377,7 +379,11 @@ class FakeServing:
                     yield c
             finally:
                 serving.closed += 1
-        return chunks()
+        return ChunkStream(chunks(), {"id": "chatcmpl-x", "model": "m", "prompt_tokens": [1]},
+                           self._discard)
+
+    def _discard(self):
+        self.discarded += 1
 
 
 async def answer(handler, target="/x", body=None, response_id=None):
@@ -447,10 +453,10 @@ def test_a_stream_closed_at_once_still_ends_the_chat_stream():
     async def main():
         response = await api.create(Request("POST", "/v1/responses", {},
                                             orjson.dumps({"input": "x", "stream": True})))
-        await anext(response.chunks)  # response.created
+        await anext(response.chunks)  # response.created, before any chunk is read
         await response.chunks.aclose()
     asyncio.run(main())
-    assert serving.closed == 1
+    assert serving.discarded == 1 and serving.closed == 0  # never started, still ended
 
 
 def sse_events(raw: bytes) -> list[dict]:

@@ -60,11 +60,11 @@ class AnthropicServing:
         must not look like a dead stream to a client's idle watchdog), a ping every PING_S
         while no chunk comes, then the chunks' events."""
         events = MessageEvents(stops)
-        for kind, data in events.start(chunks.id, chunks.model, chunks.prompt_tokens):
-            yield _event(kind, data)
-        yield _PING
         pending = None
         try:
+            for kind, data in events.start(chunks.id, chunks.model, chunks.prompt_tokens):
+                yield _event(kind, data)
+            yield _PING
             while True:
                 pending = asyncio.ensure_future(anext(chunks, None))
                 while not (await asyncio.wait({pending}, timeout=PING_S))[0]:
@@ -78,8 +78,8 @@ class AnthropicServing:
                     return
             for kind, data in events.close():
                 yield _event(kind, data)
-        finally:  # a client gone, an engine failure: the chat stream discards its request
-            if pending is not None:  # its end (the cancel) ends the chat stream
+        finally:  # a client gone, an engine failure: the chat stream discards its requests
+            if pending is not None:  # the read in flight is cancelled first (its generator runs)
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
             await chunks.aclose()

@@ -419,7 +419,8 @@ class OpenAIServing:
                           else self.tokenizer.decode(ids)) for text, ids in prompts] if echo else None}
         if stream:
             if as_data:
-                return ChunkStream(chunk_dicts(self, streams, meta, include_usage, continuous), meta)
+                return ChunkStream(chunk_dicts(self, streams, meta, include_usage, continuous), meta,
+                                   lambda: [self.engine.discard(rid) for rid, _ in streams])
             return StreamingResponse(200, stream_chunks(self, streams, meta, include_usage, continuous))
         try:
             response = await self._collect(streams, meta)

@@ -4,7 +4,7 @@ request, merged as they come, as server-sent events."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 
@@ -37,11 +37,13 @@ async def stream_chunks(serving, streams, meta: dict, include_usage: bool,
 
 class ChunkStream:
     """chunk_dicts' chunks for another API to translate, with what is known before the first
-    of them: the response's id, model and prompt tokens (Anthropic's message_start goes out at
-    once, not after the prefill). Iterate it (or anext() it) and aclose() it as the generator."""
+    of them: the response's id, model and prompt tokens (so that a stream's opening events go
+    out at once, not after the prefill). Iterate it (or anext() it) and aclose() it as the
+    generator; aclose() also discards the requests when the chunks were never read (a closed
+    generator that never started runs no finally)."""
 
-    def __init__(self, chunks: AsyncIterator[dict], meta: dict):
-        self._chunks = chunks
+    def __init__(self, chunks: AsyncIterator[dict], meta: dict, discard: Callable[[], None]):
+        self._chunks, self._discard = chunks, discard
         self.id, self.model = meta["id"], meta["model"]
         self.prompt_tokens = sum(meta["prompt_tokens"])
 
@@ -52,7 +54,10 @@ class ChunkStream:
         return self._chunks.__anext__()
 
     async def aclose(self) -> None:
-        await self._chunks.aclose()
+        try:
+            await self._chunks.aclose()
+        finally:
+            self._discard()
 
 
 async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,

@@ -14,7 +14,7 @@ from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.params import field
 from pyserve.server.values import brief
 from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
-from pyserve.server.openai.responses.output import UNFINISHED, Turn, sse
+from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, input_messages
 
@@ -63,11 +63,9 @@ class ResponsesAPI:
 
     async def _stream(self, turn: Turn, chunks, conversation: list[dict],
                       keep: bool) -> AsyncIterator[bytes]:
-        try:
-            # read before the first event, so that closing this stream always ends the chat one
-            first = await anext(chunks, None)
+        try:  # closing it at any event ends the chat stream (read or not: ChunkStream.aclose)
             done: list[dict] = []
-            async for event in turn.events(chunks, first, done):
+            async for event in turn.events(chunks, UNREAD, done):
                 yield sse(event)
             if keep and done:
                 self._keep(done[0], conversation)

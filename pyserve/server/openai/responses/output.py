@@ -70,6 +70,9 @@ def usage(chat_usage: dict | None) -> dict:
             "total_tokens": prompt + completion}
 
 
+UNREAD = object()  # Turn.events' first: no chunk read yet
+
+
 def _reasoning_echo(reasoning) -> dict | None:
     """The request's reasoning settings as the response echoes them (effort applied as the
     chat template's reasoning_effort; no summaries here)."""
@@ -130,14 +133,14 @@ class Turn:
             output[-1]["status"] = "incomplete"
         return self.response(status, output, completion.get("usage"))
 
-    async def events(self, chunks: AsyncIterator[dict], first: dict | None,
-                     done: list) -> AsyncIterator[dict]:
+    async def events(self, chunks: AsyncIterator[dict], first, done: list) -> AsyncIterator[dict]:
         """The stream's events from the chat chunks (first: the one already read, None if
-        there were none); the final response is appended to done."""
+        there were none, or UNREAD: read after the opening events, which then go out before
+        the prefill); the final response is appended to done."""
         stream = _Events()
         yield stream.event("response.created", response=self.response("in_progress", []))
         yield stream.event("response.in_progress", response=self.response("in_progress", []))
-        chunk = first
+        chunk = await anext(chunks, None) if first is UNREAD else first
         while chunk is not None:
             if "error" in chunk:
                 error = {"code": "server_error", "message": chunk["error"].get("message", "error")}
