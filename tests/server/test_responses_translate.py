@@ -96,6 +96,20 @@ def test_an_incomplete_last_assistant_message_is_continued():
     assert "continue_final_message" not in done
 
 
+def test_allowed_tools_show_and_hold_only_the_named_tools():
+    other = {**ADD, "name": "sub"}
+    chat, _ = chat_body({"input": "x", "tools": [ADD, other], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "sub"}]}}, [])
+    assert [t["function"]["name"] for t in chat["tools"]] == ["sub"] and chat["tool_choice"] == "required"
+    for bad in ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "mul"}]},
+                {"type": "allowed_tools", "mode": "sometimes", "tools": []},
+                {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]}):
+        assert refused({"input": "x", "tools": [ADD], "tool_choice": bad}).param == "tool_choice"
+    refusal = input_messages([{"type": "message", "role": "assistant",
+                               "content": [{"type": "refusal", "refusal": "No."}]}])
+    assert refusal == [{"role": "assistant", "content": "No."}]
+
+
 def test_history_comes_first():
     history = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
     chat, conversation = chat_body({"input": "3", "instructions": "I"}, history)

@@ -20,7 +20,8 @@ messages (for the prompt, and for the store that later turns build on).
     tools (function tools)          chat tools {"type": "function", "function": {...}}
     tool_choice                     "auto" | "none" | "required" the same; {"type":
                                     "function", "name"} -> {"type": "function", "function":
-                                    {"name"}}
+                                    {"name"}}; allowed_tools: only the tools it names, in its
+                                    mode
     text.format                     response_format: json_schema {name, schema, strict},
                                     json_object, or nothing for text
     parallel_tool_calls             the same
@@ -156,6 +157,9 @@ def _text(content, where: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "refusal" and isinstance(part.get("refusal"), str):  # an answer's refusal
+            texts.append(part["refusal"])
+            continue
         if kind not in TEXT_PARTS:
             raise APIError(400, f"{where}: content part type {brief(kind)} is not supported; only "
                            "input_text and output_text parts are", "input")
@@ -276,6 +280,28 @@ def chat_tools(tools) -> list[dict] | None:
     return out
 
 
+def allowed_tools(choice: dict, tools: list[dict]) -> tuple[list[dict], str]:
+    """tool_choice allowed_tools -> (the tools it names, its mode): the model is shown and
+    may call only those (a grammar holds mode "required" to them, as a plain "required")."""
+    if set(choice) - {"type", "mode", "tools"} or choice.get("mode") not in ("auto", "required") \
+            or not isinstance(choice.get("tools"), list):
+        raise APIError(400, 'tool_choice allowed_tools must be {"type": "allowed_tools", "mode": '
+                       '"auto" | "required", "tools": [{"type": "function", "name": ...}, ...]}',
+                       "tool_choice")
+    names = set()
+    for entry in choice["tools"]:
+        if not isinstance(entry, dict) or entry.get("type") != "function" \
+                or not isinstance(entry.get("name"), str):
+            raise APIError(400, "tool_choice allowed_tools: only function tools can be allowed "
+                           '({"type": "function", "name": ...})', "tool_choice")
+        names.add(entry["name"])
+    unknown = names - {t["function"]["name"] for t in tools}
+    if unknown:
+        raise APIError(400, f"tool_choice allowed_tools names tools not in tools: "
+                       f"{', '.join(sorted(unknown))}", "tool_choice")
+    return [t for t in tools if t["function"]["name"] in names], choice["mode"]
+
+
 def chat_tool_choice(choice, has_tools: bool):
     if choice is None or (choice == "auto" and not has_tools):
         return None  # "auto" without tools asks for nothing
@@ -360,9 +386,12 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
         if body.get(name) is not None:
             chat[name] = body[name]
     tools = chat_tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = allowed_tools(choice, tools or [])
     if tools:
         chat["tools"] = tools
-    choice = chat_tool_choice(body.get("tool_choice"), bool(tools))
+    choice = chat_tool_choice(choice, bool(tools))
     if choice is not None:
         chat["tool_choice"] = choice
     fmt = response_format(body.get("text"))
