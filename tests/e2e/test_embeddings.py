@@ -123,6 +123,16 @@ def test_the_chat_form_embeds_the_rendered_conversation(server, client):
                                              "add_generation_prompt": False})[1]["tokens"]
     direct = vectors(client.embeddings.create(model=MODEL, input=rendered, encoding_format="float"))[0]
     torch.testing.assert_close(torch.tensor(out["data"][0]["embedding"]), direct, atol=1e-6, rtol=0)
+    # vLLM's other chat forms: the conversation as input, and a batch of conversations
+    other = [{"role": "user", "content": "Goodbye"}]
+    as_input = post(server.url, "/v1/embeddings", {"input": messages})[1]
+    batch = post(server.url, "/v1/embeddings", {"messages": [messages, other]})[1]
+    alone = post(server.url, "/v1/embeddings", {"input": [other]})[1]
+    assert [d["index"] for d in batch["data"]] == [0, 1]
+    for got, want in ((as_input["data"][0], out["data"][0]), (batch["data"][0], out["data"][0]),
+                      (batch["data"][1], alone["data"][0])):
+        torch.testing.assert_close(torch.tensor(got["embedding"]), torch.tensor(want["embedding"]),
+                                   atol=1e-6, rtol=0)
 
 
 def test_pooling_returns_every_tokens_hidden_state(server, client):
@@ -160,6 +170,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(client):
     ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
     ({"input": "x", "embed_dtype": "float16"}, "embed_dtype"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"input": "x", "padding": "max_length"}, "padding"),
+    ({"input": "x", "media_io_kwargs": {"image": {}}}, "media_io_kwargs"),
+    ({"messages": [[{"role": "user", "content": "y"}]] * 2049}, "messages"),
 ])
 def test_bad_embedding_requests_are_400s_naming_the_field(server, body, param):
     status, out = post(server.url, "/v1/embeddings", body)

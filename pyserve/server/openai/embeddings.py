@@ -38,13 +38,14 @@ _OFF_LOOP_CHARS = 20_000  # a batch with more text than this is tokenized off th
 
 # fields each route reads; vLLM's others that pyserve does not implement are refused (400),
 # unknown ones logged and ignored, as vLLM ignores them
-_FIELDS = {"model", "input", "messages", "encoding_format", "dimensions", "user",
+_FIELDS = {"model", "input", "messages", "encoding_format", "dimensions", "user", "padding",
            "truncate_prompt_tokens", "truncation_side", "add_special_tokens", "priority",
            "request_id", "normalize", "use_activation", "embed_dtype", "endianness",
            "chat_template", "chat_template_kwargs", "add_generation_prompt",
            "continue_final_message"}
 _POOLING_FIELDS = _FIELDS | {"task"}
-_REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds")
+_REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds",
+            "media_io_kwargs")
 
 
 class OpenAIServingEmbedding:
@@ -89,6 +90,11 @@ class OpenAIServingEmbedding:
         if field(body, "endianness", str, "native") not in ("native", "little"):
             raise APIError(400, "endianness: pyserve encodes little-endian floats only", "endianness")
         field(body, "user", str)  # accepted, as OpenAI's: it names the end user, nothing more
+        # every input is embedded at its own length: padding to a length would change a
+        # mean pool, and asking not to pad asks for nothing
+        if field(body, "padding", str, "do_not_pad") not in ("do_not_pad", "longest"):
+            raise APIError(400, "padding: pyserve embeds each input at its own length (only "
+                           "'do_not_pad' or 'longest')", "padding")
         normalize = field(body, "normalize", bool)
         activation = field(body, "use_activation", bool)  # vLLM's newer name for the same
         if normalize is None:
@@ -100,13 +106,23 @@ class OpenAIServingEmbedding:
         return params, fmt
 
     async def _inputs(self, body: dict) -> list[tuple[str | None, list[int]]]:
-        if body.get("messages") is not None:
+        raw = body.get("input")
+        if _conversations(raw):  # vLLM's chat forms given as input
+            if body.get("messages") is not None:
+                raise APIError(400, "give either 'input' or 'messages', not both", "messages")
+            body = {**body, "messages": raw, "input": None}
+        messages = body.get("messages")
+        if messages is not None:
             if body.get("input") is not None:
                 raise APIError(400, "give either 'input' or 'messages', not both", "messages")
+            # one conversation, or (vLLM's batch form) a list of them: one prompt each
+            batch = messages if messages and all(isinstance(m, list) for m in messages) else [messages]
+            if len(batch) > MAX_INPUTS:
+                raise APIError(400, f"'messages' holds {len(batch)} conversations; at most "
+                               f"{MAX_INPUTS} may be embedded in one request", "messages")
             chat = dict(body)
             chat.setdefault("add_generation_prompt", False)  # vLLM's default for embeddings
-            return [(None, await self.serving._chat_prompt(chat, None))]
-        raw = body.get("input")
+            return [(None, await self.serving._chat_prompt({**chat, "messages": m}, None)) for m in batch]
         if isinstance(raw, str) or (isinstance(raw, list) and raw and _token_list(raw)):
             items = [raw]
         elif isinstance(raw, list) and raw:
@@ -199,6 +215,14 @@ class OpenAIServingEmbedding:
         if values < _OFF_LOOP_VALUES:
             return Response(200, encode())
         return Response(200, await asyncio.get_running_loop().run_in_executor(None, encode))
+
+def _conversations(raw) -> bool:
+    """input given as chat messages (a list of role objects), or a list of such lists."""
+    if not isinstance(raw, list) or not raw:
+        return False
+    first = raw[0][0] if isinstance(raw[0], list) and raw[0] else raw[0]
+    return isinstance(first, dict) and "role" in first
+
 
 def _token_list(value: list) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
