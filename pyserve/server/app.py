@@ -158,6 +158,13 @@ def _build_routes(state: ServerState, engine) -> Router:
     embedding = OpenAIServingEmbedding(engine, serving)
     router.add("POST", "/v1/embeddings", embedding.embeddings)
     router.add("POST", "/pooling", embedding.pooling)
+    from pyserve.server.openai.scores import OpenAIServingScores
+
+    scores = OpenAIServingScores(embedding)  # vLLM's scoring routes, on the embeddings
+    for path in ("/score", "/v1/score"):
+        router.add("POST", path, scores.score)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        router.add("POST", path, scores.rerank)
     from pyserve.server.anthropic import AnthropicServing
 
     anthropic = AnthropicServing(serving)  # Anthropic's Messages API, onto the chat path

@@ -87,6 +87,12 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                     "EmbeddingList", "EmbeddingRequest", errors=_ADMITTED),
     ("POST", "/pooling"): _op("vLLM's pooling: per-token hidden states or pooled vectors", "vllm",
                               "PoolingList", "PoolingRequest", errors=_ADMITTED),
+    **{("POST", path): _op("vLLM's scoring: cosines of text_1's and text_2's embeddings", "vllm",
+                           "ScoreList", "ScoreRequest", errors=_ADMITTED)
+       for path in ("/score", "/v1/score")},
+    **{("POST", path): _op("vLLM's reranking: documents by the cosine of their embeddings with "
+                           "the query's", "vllm", "RerankList", "RerankRequest", errors=_ADMITTED)
+       for path in ("/rerank", "/v1/rerank", "/v2/rerank")},
     ("POST", "/tokenize"): _op("A prompt or chat as the model's token ids", "vllm", "Tokenized",
                                "TokenizeRequest", errors=_BODY),
     ("POST", "/detokenize"): _op("Token ids as text", "vllm", "Detokenized", "DetokenizeRequest",

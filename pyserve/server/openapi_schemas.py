@@ -174,9 +174,26 @@ def _requests(facts) -> dict:
             "EmbeddingRequest": embedding,
             "PoolingRequest": {**embedding, "properties": {
                 **embedding["properties"], "task": nullable({"enum": ["token_embed", "embed"]})}},
+            **_scoring(facts),
             "TokenizeRequest": tokenize, "DetokenizeRequest": detokenize,
             "InvocationsRequest": {"anyOf": [ref("ChatCompletionRequest"), ref("CompletionRequest"),
                                              ref("EmbeddingRequest")]}}
+
+
+def _scoring(facts) -> dict:
+    """server/openai/scores.py: /score's text pairs and /rerank's query and documents."""
+    text = {"type": "string", "minLength": 1}
+    texts = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1}]}
+    shared = {"model": _model(facts), "user": nullable(STRING), "add_special_tokens": nullable(BOOL),
+              "truncate_prompt_tokens": nullable({"anyOf": [{"const": -1}, _int(1, facts.max_model_len)]}),
+              "truncation_side": nullable({"enum": ["left", "right"]}),
+              "priority": nullable(INT64), "request_id": nullable(STRING)}
+    return {
+        "ScoreRequest": obj({**shared, "text_1": texts, "text_2": texts,
+                             "encoding_format": nullable({"const": "float"})}, ("text_1", "text_2")),
+        "RerankRequest": obj({**shared, "query": text, "documents": {
+            "type": "array", "minItems": 1, "items": {"anyOf": [text, obj({"text": text}, ("text",))]}},
+            "top_n": nullable(_int(0)), "return_documents": nullable(BOOL)}, ("query", "documents"))}
 
 
 def _embedding(facts) -> dict:
@@ -311,6 +328,16 @@ def _responses_out() -> dict:
                                "usage": ref("Usage")},
                               ("id", "object", "created", "model", "choices", "usage")),
         "EmbeddingList": pooled("embedding"), "PoolingList": pooled("data"),
+        "ScoreList": obj({"id": STRING, "object": {"const": "list"}, "created": _int(0), "model": STRING,
+                          "usage": obj({"prompt_tokens": _int(0)}),
+                          "data": {"type": "array", "items": obj(
+                              {"index": _int(0), "object": {"const": "score"}, "score": NUMBER},
+                              ("index", "object", "score"))}}, ("object", "data", "usage")),
+        "RerankList": obj({"id": STRING, "model": STRING, "usage": obj({"total_tokens": _int(0)}),
+                           "results": {"type": "array", "items": obj(
+                               {"index": _int(0), "relevance_score": NUMBER,
+                                "document": nullable(obj({"text": STRING}, ("text",)))},
+                               ("index", "relevance_score"))}}, ("results", "usage")),
         "Tokenized": obj({"count": _int(0), "max_model_len": _int(1),
                           "tokens": {"type": "array", "items": _int(0)},
                           "token_strs": nullable({"type": "array", "items": STRING})},

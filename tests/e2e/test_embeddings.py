@@ -147,6 +147,37 @@ def test_pooling_returns_every_tokens_hidden_state(server, client):
     torch.testing.assert_close(torch.tensor(pooled["data"][0]["data"]), embedding, atol=1e-5, rtol=0)
 
 
+def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
+    query, docs = "Where is Paris?", TEXTS
+    embedded = vectors(client.embeddings.create(model=MODEL, input=[query, *docs], encoding_format="float"))
+    cosines = [float(embedded[0] @ embedded[1 + i]) for i in range(len(docs))]
+    status, out = post(server.url, "/rerank", {"model": MODEL, "query": query,
+                                               "documents": [docs[0], {"text": docs[1]}, docs[2]]})
+    assert status == 200 and out["model"] == MODEL and out["usage"]["total_tokens"] > 0
+    assert [r["index"] for r in out["results"]] == sorted(range(3), key=lambda i: -cosines[i])
+    for r in out["results"]:
+        assert abs(r["relevance_score"] - cosines[r["index"]]) < 1e-5
+        assert r["document"] == {"text": docs[r["index"]]}
+    for path in ("/v1/rerank", "/v2/rerank"):
+        status, top = post(server.url, path, {"query": query, "documents": docs, "top_n": 1,
+                                              "return_documents": False})
+        assert status == 200 and [(r["index"], r["document"]) for r in top["results"]] == [
+            (out["results"][0]["index"], None)]
+    status, one_to_many = post(server.url, "/score", {"text_1": query, "text_2": docs})
+    assert status == 200 and [d["object"] for d in one_to_many["data"]] == ["score"] * 3
+    assert [abs(d["score"] - c) < 1e-5 for d, c in zip(one_to_many["data"], cosines)] == [True] * 3
+    pairs = [float(embedded[1 + i] @ embedded[1 + (i + 1) % 3]) for i in range(3)]
+    status, pairwise = post(server.url, "/v1/score", {"text_1": docs, "text_2": docs[1:] + docs[:1]})
+    assert status == 200 and [abs(d["score"] - p) < 1e-5 for d, p in zip(pairwise["data"], pairs)] == [True] * 3
+    for path, body, param in (("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1"),
+                              ("/score", {"text_1": "a", "text_2": []}, "text_2"),
+                              ("/rerank", {"query": "", "documents": ["a"]}, "query"),
+                              ("/rerank", {"query": "a", "documents": [{"txt": "b"}]}, "documents"),
+                              ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n")):
+        status, err = post(server.url, path, body)
+        assert status == 400 and err["error"]["param"] == param, (path, err)
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client):
     long = "word " * 600  # beyond --max-model-len 512
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
