@@ -27,7 +27,8 @@ CHAT, ANTHROPIC, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/respon
      ("content[0]", "'image_url'")),
     ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "weird"}]}],
      ("content[1]", "'weird'")),
-    ([{"role": "user", "content": ["hi"]}], ("content[0]",)),
+    ([{"role": "user", "content": [5]}], ("content[0]",)),  # a bare string is text (vLLM's reading)
+    ([{"role": "user", "content": [{"type": "refusal", "refusal": 5}]}], ("content[0]",)),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], ("content[0]",)),
     ([{"role": "user", "content": [{"type": "x" * 100_000}]}], ("100000 characters",)),
     ([{"role": "assistant", "content": None, "tool_calls": "call"}], ("tool_calls",)),

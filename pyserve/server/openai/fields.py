@@ -35,7 +35,8 @@ IMPLEMENTED = {
                        "chat_template_kwargs", "parallel_tool_calls", "include_reasoning", "echo",
                        "reasoning_effort"},
 }
-NO_EFFECT = {"user", "store", "metadata", "service_tier"}
+NO_EFFECT = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+             "prompt_cache_retention"}
 # field -> its default: anything else is refused
 REFUSED_UNLESS_DEFAULT = {
     "logits_processors": None,
@@ -44,6 +45,8 @@ REFUSED_UNLESS_DEFAULT = {
     "prompt_embeds": None, "echo_chat": None, "audio": None,
     "modalities": ["text"], "prediction": None, "functions": None, "function_call": ("none", "auto"),
     "web_search_options": None, "processed_prompt": None,
+    "verbosity": "medium",  # OpenAI's answer-length hint: the medium one is the model's own
+    "moderation": None,  # no moderation model here
 }
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields
 _ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice": None,

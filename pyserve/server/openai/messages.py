@@ -47,14 +47,7 @@ def template_messages(body: dict) -> list[dict]:
             if parts > MAX_CONTENT_PARTS:
                 raise APIError(400, f"messages may hold at most {MAX_CONTENT_PARTS} content parts "
                                "in all", "messages")
-            for j, p in enumerate(content):
-                kind = p.get("type") if isinstance(p, dict) else None
-                if kind != "text" or not isinstance(p.get("text"), str):
-                    raise APIError(400, f"messages[{i}].content[{j}]: only text content parts "
-                                   "({\"type\": \"text\", \"text\": ...}) are supported; got "
-                                   + (f"type {brief(kind)}" if kind is not None else brief(p)),
-                                   "messages")
-            content = "\n".join(p["text"] for p in content)
+            content = "\n".join(_part_text(p, i, j) for j, p in enumerate(content))
         if content is None:
             content = ""  # e.g. an assistant turn that only calls tools (vLLM: no parts)
         if not isinstance(content, str):
@@ -72,12 +65,32 @@ def template_messages(body: dict) -> list[dict]:
             message["reasoning_content"] = reasoning
         if m.get("tool_calls"):
             message["tool_calls"] = template_tool_calls(m["tool_calls"])
+        if m.get("function_call") is not None:  # the legacy form: not to be dropped unread
+            raise APIError(400, f"messages[{i}].function_call: the legacy function-call form is not "
+                           "supported; send tool_calls", "messages")
         cleaned.append(message)
     return cleaned
 
 
+# the text of a content part, by its type (as vLLM reads them): text, and the Responses API's
+# input_text / output_text parts a bridge may pass on, and an assistant's refusal
+_TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+
+
+def _part_text(part, i: int, j: int) -> str:
+    if isinstance(part, str):  # a bare string in the list, as vLLM takes it
+        return part
+    kind = part.get("type") if isinstance(part, dict) else None
+    key = _TEXT_KEYS.get(kind)
+    if key is None or not isinstance(part.get(key), str):
+        raise APIError(400, f"messages[{i}].content[{j}]: only text content parts "
+                       "({\"type\": \"text\", \"text\": ...}) are supported; got "
+                       + (f"type {brief(kind)}" if kind is not None else brief(part)), "messages")
+    return part[key]
+
+
 # OpenAI's reasoning_effort values; vLLM's chat request takes the field
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 
 def template_kwargs(body: dict) -> dict:
@@ -119,6 +132,37 @@ def tool_function(tool, i: int) -> dict:
         raise APIError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": "
                        "{\"name\": ..., \"parameters\": ...}}", "tools")
     return function
+
+
+def with_allowed_tools(body: dict) -> dict:
+    """tool_choice {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}} -> the body
+    with only the tools it names and its mode as the tool_choice: the model is shown and may
+    call only those ("required" held to them by its grammar, as a plain "required")."""
+    choice = body.get("tool_choice")
+    if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+        return body
+    spec = choice.get("allowed_tools")
+    if set(choice) - {"type", "allowed_tools"} or not isinstance(spec, dict) \
+            or set(spec) - {"mode", "tools"} or spec.get("mode") not in ("auto", "required") \
+            or not isinstance(spec.get("tools"), list):
+        raise APIError(400, 'tool_choice allowed_tools must be {"type": "allowed_tools", '
+                       '"allowed_tools": {"mode": "auto" | "required", "tools": [{"type": '
+                       '"function", "function": {"name": ...}}, ...]}}', "tool_choice")
+    names = set()
+    for entry in spec["tools"]:
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if entry.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str):
+            raise APIError(400, "tool_choice allowed_tools: only function tools can be allowed",
+                           "tool_choice")
+        names.add(function["name"])
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    kept = [t for i, t in enumerate(tools) if tool_function(t, i)["name"] in names]
+    missing = names - {tool_function(t, i)["name"] for i, t in enumerate(kept)}
+    if missing:
+        raise APIError(400, f"tool_choice allowed_tools names tools not in tools: "
+                       f"{', '.join(sorted(missing))}", "tool_choice")
+    return {**body, "tools": kept, "tool_choice": spec["mode"]}
 
 
 def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, list | None]:

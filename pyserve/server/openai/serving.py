@@ -23,7 +23,7 @@ from pyserve.server.openai.chat_output import ChoiceOutput
 from pyserve.server.openai.fields import check_fields
 from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import (load_template, template_documents, template_kwargs,
-                                            template_messages, tool_mode)
+                                            template_messages, tool_mode, with_allowed_tools)
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
@@ -312,6 +312,7 @@ class OpenAIServing:
         stream = field(body, "stream", bool, False)
         check_fields(body, "chat")
         check_unsupported(body, stream)
+        body = with_allowed_tools(body)
         top_logprobs = field(body, "top_logprobs", int)
         if top_logprobs is not None and top_logprobs < -1:  # -1: the whole vocabulary
             raise APIError(400, "`top_logprobs` must be a positive value or -1.", "top_logprobs")
@@ -325,9 +326,10 @@ class OpenAIServing:
         choice = body.get("tool_choice")
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
         params = beam_search_params(body, await self._constrained(body, params, forced))
-        prompt = await self._chat_prompt(body, tools, requested_max_tokens(body, chat=True))
-        if fit_max_tokens:
-            params = self._fitted(params, len(prompt))
+        requested = requested_max_tokens(body, chat=True)
+        prompt = await self._chat_prompt(body, tools, requested)
+        if fit_max_tokens or requested is None:  # vLLM caps a limit the client did not set
+            params = self._fitted(params, len(prompt), refuse=fit_max_tokens)
         # vLLM: the response speaks as --response-role after a generation prompt, else it
         # continues the last message's role
         last = body["messages"][-1]
@@ -347,10 +349,14 @@ class OpenAIServing:
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output, as_data=as_data, chat_echo=echo_text)
 
-    def _fitted(self, params, prompt_tokens: int):
-        """params with max_tokens at most the room a prompt of prompt_tokens leaves; a prompt
-        with no room is the messages' fault (the route names its own field for them)."""
+    def _fitted(self, params, prompt_tokens: int, refuse: bool = True):
+        """params with max_tokens at most the room a prompt of prompt_tokens leaves (the
+        model's generation_config default too: vLLM's get_max_tokens); a prompt with no room
+        is the messages' fault (refuse: a 400 here, the route naming its own field for them;
+        else admission's)."""
         room = self.engine.max_model_len - prompt_tokens
+        if room <= 0 and not refuse:
+            return params
         if room <= 0:
             raise APIError(400, f"This model's maximum context length is {self.engine.max_model_len} "
                            f"tokens. However, your prompt has {prompt_tokens} tokens. Please shorten "
