@@ -216,6 +216,7 @@ class OpenAIServingEmbedding:
             return Response(200, encode())
         return Response(200, await asyncio.get_running_loop().run_in_executor(None, encode))
 
+
 def _conversations(raw) -> bool:
     """input given as chat messages (a list of role objects), or a list of such lists."""
     if not isinstance(raw, list) or not raw:
