@@ -173,7 +173,11 @@ def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
                               ("/score", {"text_1": "a", "text_2": []}, "text_2"),
                               ("/rerank", {"query": "", "documents": ["a"]}, "query"),
                               ("/rerank", {"query": "a", "documents": [{"txt": "b"}]}, "documents"),
-                              ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n")):
+                              ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
+                              ("/score", {"text_1": "a", "text_2": "b", "mm_processor_kwargs": {}},
+                               "mm_processor_kwargs"),
+                              ("/rerank", {"query": "a", "documents": ["b"], "use_activation": False},
+                               "use_activation")):
         status, err = post(server.url, path, body)
         assert status == 400 and err["error"]["param"] == param, (path, err)
 

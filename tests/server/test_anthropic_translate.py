@@ -69,10 +69,17 @@ def test_thinking_sets_the_templates_switch_and_keeps_the_reasoning():
     ({"type": "enabled", "budget_tokens": 4096}, "thinking.budget_tokens: must be less than max_tokens"),
     ({"type": "sometimes"}, "thinking: must be"), ("on", "thinking: must be"),
     ({"type": "disabled", "budget_tokens": 2000}, "thinking.budget_tokens: this field"),
-    ({"type": "adaptive", "display": "full"}, "thinking.display: must be")])
+    ({"type": "adaptive", "display": "full"}, "thinking.display: must be"),
+    ({"type": "enabled", "budget_tokens": "lots"}, "thinking.budget_tokens: must be an integer")])
 def test_bad_thinking_is_named(thinking, param_message):
     exc = refused({"max_tokens": 2048, "messages": USER, "thinking": thinking})
     assert exc.param == "thinking" and exc.message.startswith(param_message)
+
+
+def test_template_kwargs_that_are_no_object_are_named():
+    for extra in ({"thinking": {"type": "adaptive"}}, {"output_config": {"effort": "low"}}):
+        exc = refused({"max_tokens": 2, "messages": USER, "chat_template_kwargs": "abc", **extra})
+        assert exc.param == "chat_template_kwargs"
 
 
 def test_claude_codes_roles_and_system_messages():

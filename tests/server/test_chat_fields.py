@@ -83,7 +83,6 @@ def test_allowed_tools_show_and_hold_only_the_named_tools(ask):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"verbosity": "low"}, "verbosity"),
     ({"moderation": {"model": "omni-moderation-latest"}}, "moderation")])
 def test_fields_that_would_change_the_answer_are_refused(ask, extra, param):
     status, out = ask("/v1/chat/completions", {"messages": LONG[:1], "max_tokens": 2, **extra})
@@ -93,7 +92,7 @@ def test_fields_that_would_change_the_answer_are_refused(ask, extra, param):
 def test_fields_that_change_nothing_and_every_reasoning_effort_are_accepted(ask):
     for effort in ("none", "minimal", "low", "medium", "high", "xhigh", "max"):
         status, out = ask("/v1/chat/completions", {
-            "messages": LONG[:1], "max_tokens": 2, "reasoning_effort": effort, "verbosity": "medium",
+            "messages": LONG[:1], "max_tokens": 2, "reasoning_effort": effort,
             "prompt_cache_key": "k", "safety_identifier": "s", "prompt_cache_retention": "24h"})
         assert status == 200, (effort, out)
     status, out = ask("/v1/chat/completions", {"messages": [

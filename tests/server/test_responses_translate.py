@@ -16,7 +16,8 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request
 from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
-from pyserve.server.openai.responses.translate import chat_body, input_messages
+from pyserve.server.openai.messages import with_allowed_tools
+from pyserve.server.openai.responses.translate import chat_body, input_messages, with_answer
 from pyserve.server.openai.streaming import ChunkStream
 
 EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
@@ -78,6 +79,10 @@ def test_reasoning_items_go_to_the_assistant_turn_they_precede():
     assert got[1] == {"role": "assistant", "content": None, "reasoning_content": "1 + 1 is 2.", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}
     assert got[3] == {"role": "assistant", "content": "2", "reasoning_content": "Done."}
+    # reasoning no answer follows (vLLM's reading: an assistant turn of its own)
+    alone = input_messages([{"role": "user", "content": "Q"}, thought, {"role": "user", "content": "R"}, thought])
+    assert [(m["role"], m.get("reasoning_content")) for m in alone] == [
+        ("user", None), ("assistant", "1 + 1 is 2."), ("user", None), ("assistant", "1 + 1 is 2.")]
     # a text turn followed by reasoning and a call: the call is the reasoning's own turn
     split = input_messages([{"role": "assistant", "content": "Let me see."}, thought, call])
     assert [m.get("reasoning_content") for m in split] == [None, "1 + 1 is 2."]
@@ -85,6 +90,15 @@ def test_reasoning_items_go_to_the_assistant_turn_they_precede():
         with pytest.raises(APIError) as info:
             input_messages([bad])
         assert info.value.param == "input"
+
+
+def test_a_continued_message_keeps_its_answer_as_its_own_rest():
+    conversation = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, two,"}]
+    output = [{"type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": " three."}]}]
+    assert with_answer(conversation, output, True) == [
+        {"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, two, three."}]
+    assert with_answer(conversation, output, False)[2:] == [{"role": "assistant", "content": " three."}]
 
 
 def test_an_incomplete_last_assistant_message_is_continued():
@@ -97,14 +111,22 @@ def test_an_incomplete_last_assistant_message_is_continued():
 
 
 def test_allowed_tools_show_and_hold_only_the_named_tools():
+    """Turned into the chat form, which the chat path reads and checks (with_allowed_tools)."""
     other = {**ADD, "name": "sub"}
     chat, _ = chat_body({"input": "x", "tools": [ADD, other], "tool_choice": {
         "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "sub"}]}}, [])
-    assert [t["function"]["name"] for t in chat["tools"]] == ["sub"] and chat["tool_choice"] == "required"
+    assert chat["tool_choice"] == {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "sub"}}]}}
+    seen = with_allowed_tools(chat)
+    assert [t["function"]["name"] for t in seen["tools"]] == ["sub"] and seen["tool_choice"] == "required"
     for bad in ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "mul"}]},
                 {"type": "allowed_tools", "mode": "sometimes", "tools": []},
-                {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]}):
-        assert refused({"input": "x", "tools": [ADD], "tool_choice": bad}).param == "tool_choice"
+                {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]},
+                {"type": "allowed_tools", "mode": "auto", "tools": ["add"]}):
+        chat, _ = chat_body({"input": "x", "tools": [ADD], "tool_choice": bad}, [])
+        with pytest.raises(APIError) as info:
+            with_allowed_tools(chat)
+        assert info.value.param == "tool_choice"
     refusal = input_messages([{"type": "message", "role": "assistant",
                                "content": [{"type": "refusal", "refusal": "No."}]}])
     assert refusal == [{"role": "assistant", "content": "No."}]

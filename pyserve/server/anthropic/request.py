@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import json
 
+from pyserve.server.anthropic.conversation import check_keys, conversation, fail
 from pyserve.server.errors import APIError
 from pyserve.server.request_limits import MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOOLS
 from pyserve.server.values import brief, field, log_ignored_fields
@@ -88,220 +89,37 @@ FIELDS = {
     "count_tokens": _PROMPT_FIELDS | {"chat_template_kwargs", *NO_EFFECT},
 }
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-_ROLES = {"user": "user", "assistant": "assistant", "ctx": "user", "msg": "user"}
-BILLING_HEADER = "x-anthropic-billing-header:"
 THINKING_SIGNATURE = "pyserve"  # a thinking block's signature: nothing here checks it
-_TEXT_ONLY = "this server's model takes text only"
-
-
-def _fail(param: str, message: str):
-    raise APIError(400, f"{param}: {message}", param.split(".")[0].split("[")[0])
-
-
-def _check_keys(block: dict, where: str, allowed: set[str]) -> None:
-    """A block's keys beyond `allowed` must be ones that change nothing: cache_control (prefix
-    caching here is automatic), a direct caller on tool_use, or null."""
-    for key, value in block.items():
-        if key in allowed or key == "cache_control" or value is None:
-            continue
-        if key == "caller" and value == {"type": "direct"}:
-            continue
-        _fail(f"{where}.{key}", "this field is not supported by this server")
-
-
-def _text_parts(blocks, where: str) -> list[dict]:
-    """A string or a list of text blocks -> OpenAI text parts."""
-    if isinstance(blocks, str):
-        return [{"type": "text", "text": blocks}]
-    if not isinstance(blocks, list):
-        _fail(where, "must be a string or a list of text blocks")
-    return [_text_part(block, f"{where}[{j}]") for j, block in enumerate(blocks)]
-
-
-def _text_part(block, where: str) -> dict:
-    if not isinstance(block, dict) or block.get("type") != "text":
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind in ("image", "document"):
-            _fail(where, f"{kind} blocks are not supported: {_TEXT_ONLY}")
-        _fail(where, "must be a text block ({\"type\": \"text\", \"text\": ...})")
-    if not isinstance(block.get("text"), str):
-        _fail(f"{where}.text", "must be a string")
-    _check_keys(block, where, {"type", "text", "citations"})  # citations: where text came from
-    return {"type": "text", "text": block["text"]}
-
-
-def _tool_call(block: dict, where: str) -> dict:
-    _check_keys(block, where, {"type", "id", "name", "input"})
-    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-        _fail(where, "a tool_use block needs a string id and name")
-    arguments = block.get("input", {})
-    if not isinstance(arguments, dict):
-        _fail(f"{where}.input", "must be an object")
-    return {"id": block["id"], "type": "function",
-            "function": {"name": block["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}}
-
-
-def _tool_message(block: dict, where: str) -> dict:
-    _check_keys(block, where, {"type", "tool_use_id", "content", "is_error"})
-    if not isinstance(block.get("tool_use_id"), str):
-        _fail(f"{where}.tool_use_id", "must be a string")
-    content = block.get("content")
-    text = "" if content is None else "\n".join(
-        p["text"] for p in _text_parts(content, f"{where}.content"))
-    # a chat template has no place for is_error: the model reads it in the result's text
-    if field(block, "is_error", bool, False):
-        text = "Error: " + text if text else "Error"
-    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
-
-
-def _thinking_text(block: dict, where: str) -> str:
-    _check_keys(block, where, {"type", "thinking", "signature"})
-    if not isinstance(block.get("thinking"), str):
-        _fail(f"{where}.thinking", "must be a string")
-    return block["thinking"]
-
-
-def _turn(i: int, message) -> list[dict]:
-    """One Anthropic message -> its chat messages (a user's tool results split it)."""
-    where = f"messages[{i}]"
-    if not isinstance(message, dict) or message.get("role") not in _ROLES:
-        _fail(where, "must be an object with role \"user\", \"assistant\" or \"system\"")
-    _check_keys(message, where, {"role", "content"})
-    role, content = _ROLES[message["role"]], message.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list) or not content:
-        _fail(f"{where}.content", "must be a string or a non-empty list of content blocks")
-    out: list[dict] = []
-    parts: list[dict] = []
-    calls: list[dict] = []
-    reasoning: list[str] = []
-    for j, block in enumerate(content):
-        at = f"{where}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            parts.append(_text_part(block, at))
-        elif kind == "tool_use" and role == "assistant":
-            calls.append(_tool_call(block, at))
-        elif kind == "tool_result" and role == "user":
-            if parts:
-                out.append({"role": "user", "content": parts})
-                parts = []
-            out.append(_tool_message(block, at))
-        elif kind in ("image", "document"):
-            _fail(at, f"{kind} blocks are not supported: {_TEXT_ONLY}")
-        elif kind == "thinking" and role == "assistant":
-            reasoning.append(_thinking_text(block, at))
-        elif kind == "redacted_thinking" and role == "assistant":
-            _check_keys(block, at, {"type", "data"})  # opaque: nothing a template can render
-        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
-            owner = "a user" if kind == "tool_result" else "an assistant"
-            _fail(at, f"{kind} blocks belong in {owner} message")
-        else:
-            _fail(at, f"content blocks of type {brief(kind)} are not supported by this server")
-    if role == "assistant":
-        message = {"role": "assistant", "content": parts or None}
-        if calls:
-            message["tool_calls"] = calls
-        if reasoning:
-            message["reasoning_content"] = "\n".join(reasoning)
-        out.append(message)
-    elif parts:
-        out.append({"role": "user", "content": parts})
-    return out
-
-
-def _parts(content) -> list[dict]:
-    """A chat message's content as text parts."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    return content or []
-
-
-def _extend(chat: list[dict], turn: list[dict]) -> None:
-    """Appends a turn's chat messages; one that follows a message of its own role (user or
-    assistant) joins it, as Anthropic combines consecutive turns of one role."""
-    role = turn[0]["role"]
-    if chat and chat[-1]["role"] == role and role in ("user", "assistant"):
-        last, first = chat[-1], turn.pop(0)
-        last["content"] = _parts(last["content"]) + _parts(first["content"])
-        if first.get("tool_calls"):
-            last["tool_calls"] = last.get("tool_calls", []) + first["tool_calls"]
-        if first.get("reasoning_content"):
-            last["reasoning_content"] = "\n".join(
-                filter(None, (last.get("reasoning_content"), first["reasoning_content"])))
-    chat += turn
-
-
-def _system_parts(content, where: str) -> list[dict]:
-    """System text as text parts, Claude Code's billing line left out."""
-    parts = []
-    for part in _text_parts(content, where):
-        text = part["text"]
-        if text.startswith(BILLING_HEADER):
-            text = text.partition("\n")[2]  # a string system: the line, not the rest
-            if not text:
-                continue
-        parts.append({"type": "text", "text": text})
-    return parts
-
-
-def _remind(chat: list[dict], parts: list[dict]) -> None:
-    """A system message met mid-conversation: its text as user text where it stands (joined
-    to a user message that ends the chat so far, else a user message of its own)."""
-    if chat and chat[-1]["role"] == "user":
-        chat[-1]["content"] = _parts(chat[-1]["content"]) + parts
-    else:
-        chat.append({"role": "user", "content": parts})
-
-
-def _conversation(system, messages: list) -> list[dict]:
-    """The chat messages of a request's system and messages."""
-    leading = [] if system is None or system == "" or system == [] else _system_parts(system, "system")
-    chat: list[dict] = []
-    for i, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == "system":
-            _check_keys(message, f"messages[{i}]", {"role", "content"})
-            parts = _system_parts(message.get("content"), f"messages[{i}].content")
-            if not chat:
-                leading += parts
-            elif parts:
-                _remind(chat, parts)
-            continue
-        _extend(chat, _turn(i, message))
-    if not chat:
-        _fail("messages", "must hold a user or assistant message")
-    return ([{"role": "system", "content": leading}] if leading else []) + chat
 
 
 def _tools(tools) -> list[dict]:
     if not isinstance(tools, list):
-        _fail("tools", "must be a list")
+        fail("tools", "must be a list")
     if len(tools) > MAX_TOOLS:
-        _fail("tools", f"may hold at most {MAX_TOOLS} tools, got {len(tools)}")
+        fail("tools", f"may hold at most {MAX_TOOLS} tools, got {len(tools)}")
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
-            _fail(where, "must be an object")
+            fail(where, "must be an object")
         if tool.get("type") not in (None, "custom"):
-            _fail(f"{where}.type", f"server tools ({brief(tool['type'])}) are not supported by this server")
-        _check_keys(tool, where, {"type", "name", "description", "input_schema", "strict",
+            fail(f"{where}.type", f"server tools ({brief(tool['type'])}) are not supported by this server")
+        check_keys(tool, where, {"type", "name", "description", "input_schema", "strict",
                                   "input_examples", "eager_input_streaming", "defer_loading"})
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            _fail(f"{where}.name", "must be a non-empty string")
+            fail(f"{where}.name", "must be a non-empty string")
         if not isinstance(tool.get("input_schema"), dict):
-            _fail(f"{where}.input_schema", "must be a JSON schema object")
+            fail(f"{where}.input_schema", "must be a JSON schema object")
         field(tool, "eager_input_streaming", bool)  # input_json_delta is streamed either way
         if field(tool, "defer_loading", bool, False):
-            _fail(f"{where}.defer_loading", "deferred tools (tool search) are not supported by "
+            fail(f"{where}.defer_loading", "deferred tools (tool search) are not supported by "
                   "this server")
         function = {"name": tool["name"], "parameters": tool["input_schema"]}
         description = tool.get("description")
         examples = tool.get("input_examples")
         if examples is not None:
             if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
-                _fail(f"{where}.input_examples", "must be a list of objects")
+                fail(f"{where}.input_examples", "must be a list of objects")
             lines = "\n".join(json.dumps(e, ensure_ascii=False) for e in examples)
             description = f"{description or ''}\n\nExample inputs:\n{lines}".lstrip("\n")
         if description is not None:
@@ -314,19 +132,19 @@ def _tools(tools) -> list[dict]:
 
 def _tool_choice(choice, body: dict) -> None:
     if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
-        _fail("tool_choice", "must be an object with a type: auto, any, tool or none")
+        fail("tool_choice", "must be an object with a type: auto, any, tool or none")
     kind = choice["type"]
     if kind == "tool":
-        _check_keys(choice, "tool_choice", {"type", "name", "disable_parallel_tool_use"})
+        check_keys(choice, "tool_choice", {"type", "name", "disable_parallel_tool_use"})
         if not isinstance(choice.get("name"), str):
-            _fail("tool_choice.name", "must name a tool")
+            fail("tool_choice.name", "must name a tool")
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif kind in _TOOL_CHOICES:
         allowed = {"type"} if kind == "none" else {"type", "disable_parallel_tool_use"}
-        _check_keys(choice, "tool_choice", allowed)
+        check_keys(choice, "tool_choice", allowed)
         body["tool_choice"] = _TOOL_CHOICES[kind]
     else:
-        _fail("tool_choice.type", f"must be auto, any, tool or none, got {brief(kind)}")
+        fail("tool_choice.type", f"must be auto, any, tool or none, got {brief(kind)}")
     if field(choice, "disable_parallel_tool_use", bool, False):
         body["parallel_tool_calls"] = False
 
@@ -339,23 +157,31 @@ def _output_config(config, body: dict) -> None:
     if config is None:
         return
     if not isinstance(config, dict):
-        _fail("output_config", "must be an object")
-    _check_keys(config, "output_config", {"format", "effort"})
+        fail("output_config", "must be an object")
+    check_keys(config, "output_config", {"format", "effort"})
     fmt = config.get("format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
                 or not isinstance(fmt.get("schema"), dict):
-            _fail("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
-        _check_keys(fmt, "output_config.format", {"type", "schema"})
+            fail("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": {...}}")
+        check_keys(fmt, "output_config.format", {"type", "schema"})
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": fmt["schema"]}}
     effort = config.get("effort")
     if effort is not None:
         if effort not in ("low", "medium", "high", "xhigh", "max"):
-            _fail("output_config.effort", f"must be low, medium, high, xhigh or max, got {brief(effort)}")
-        kwargs = dict(body.get("chat_template_kwargs") or {})
+            fail("output_config.effort", f"must be low, medium, high, xhigh or max, got {brief(effort)}")
+        kwargs = _template_kwargs(body)
         kwargs.setdefault("reasoning_effort", effort)
         body["chat_template_kwargs"] = kwargs
+
+
+def _template_kwargs(body: dict) -> dict:
+    """A copy of the body's chat_template_kwargs (passed through from the request), to add to."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        fail("chat_template_kwargs", "must be an object")
+    return dict(kwargs or {})
 
 
 def _thinking(thinking, body: dict, max_tokens: int | None) -> None:
@@ -364,23 +190,25 @@ def _thinking(thinking, body: dict, max_tokens: int | None) -> None:
     if thinking is None:
         return
     if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive", "disabled"):
-        _fail("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+        fail("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
               "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}")
     kind = thinking["type"]
-    _check_keys(thinking, "thinking", {"type", "budget_tokens", "display"} if kind == "enabled"
+    check_keys(thinking, "thinking", {"type", "budget_tokens", "display"} if kind == "enabled"
                 else {"type", "display"} if kind == "adaptive" else {"type"})
     if thinking.get("display") not in (None, "summarized", "omitted"):
-        _fail("thinking.display", f"must be summarized or omitted, got {brief(thinking['display'])}")
+        fail("thinking.display", f"must be summarized or omitted, got {brief(thinking['display'])}")
     if kind == "enabled":
-        budget = field(thinking, "budget_tokens", int)
+        budget = thinking.get("budget_tokens")
         if budget is None:
-            _fail("thinking.budget_tokens", "Field required")
+            fail("thinking.budget_tokens", "Field required")
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            fail("thinking.budget_tokens", f"must be an integer, got {brief(budget)}")
         if budget < 1024:
-            _fail("thinking.budget_tokens", f"must be at least 1024, got {budget}")
+            fail("thinking.budget_tokens", f"must be at least 1024, got {budget}")
         if max_tokens is not None and budget >= max_tokens:
-            _fail("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), got {budget}")
+            fail("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens}), got {budget}")
     enabled = kind != "disabled"
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    kwargs = _template_kwargs(body)
     kwargs.setdefault("enable_thinking", enabled)
     body["chat_template_kwargs"] = kwargs
     # display "omitted": thinking happens, its text is not returned
@@ -397,23 +225,23 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
         if name not in FIELDS[route] and request[name] is not None:
             # count_tokens counts a prompt: a generation field there is a client's mistake
             if name in REFUSED or (name in FIELDS["messages"] and name not in NO_EFFECT):
-                _fail(name, "this field is not supported by this server")
+                fail(name, "this field is not supported by this server")
             unknown.add(name)
     log_ignored_fields(unknown)
     model = request.get("model")
     if model is not None and not isinstance(model, str):
-        _fail("model", "must be a string")
+        fail("model", "must be a string")
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
-        _fail("messages", "must be a non-empty list")
+        fail("messages", "must be a non-empty list")
     if len(messages) > MAX_MESSAGES:  # before any is translated
-        _fail("messages", f"may hold at most {MAX_MESSAGES} messages, got {len(messages)}")
-    chat = _conversation(request.get("system"), messages)
+        fail("messages", f"may hold at most {MAX_MESSAGES} messages, got {len(messages)}")
+    chat = conversation(request.get("system"), messages)
     # reasoning (with --reasoning-parser) is kept only where thinking is asked for
     body: dict = {"model": model, "messages": chat, "include_reasoning": False}
     if chat[-1]["role"] == "assistant":  # Anthropic's prefill: the answer continues it
         if chat[-1].get("tool_calls"):
-            _fail(f"messages[{len(messages) - 1}]", "a final assistant message cannot end with "
+            fail(f"messages[{len(messages) - 1}]", "a final assistant message cannot end with "
                   "tool_use: send its tool_result in a user message")
         body["add_generation_prompt"], body["continue_final_message"] = False, True
     if request.get("tools") is not None:
@@ -426,26 +254,26 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     _output_config(request.get("output_config"), body)
     if request.get("output_format") is not None:  # the structured-outputs beta's name for it
         if (request.get("output_config") or {}).get("format") is not None:
-            _fail("output_format", "give output_config.format or output_format, not both")
+            fail("output_format", "give output_config.format or output_format, not both")
         _output_config({"format": request["output_format"]}, body)
     if route == "count_tokens":
         _thinking(request.get("thinking"), body, None)
         return body, []
     max_tokens = field(request, "max_tokens", int)
     if max_tokens is None:
-        _fail("max_tokens", "Field required")
+        fail("max_tokens", "Field required")
     if max_tokens < 1:
-        _fail("max_tokens", f"must be at least 1, got {max_tokens}")
+        fail("max_tokens", f"must be at least 1, got {max_tokens}")
     body["max_tokens"] = max_tokens
     _thinking(request.get("thinking"), body, max_tokens)
     stops = request.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list)
                               or not all(isinstance(s, str) and s for s in stops)):
-        _fail("stop_sequences", "must be a list of non-empty strings")
+        fail("stop_sequences", "must be a list of non-empty strings")
     if stops and len(stops) > MAX_STOP:
-        _fail("stop_sequences", f"may hold at most {MAX_STOP} entries, got {len(stops)}")
+        fail("stop_sequences", f"may hold at most {MAX_STOP} entries, got {len(stops)}")
     if stops and max(map(len, stops)) > MAX_STOP_CHARS:
-        _fail("stop_sequences", f"each may be at most {MAX_STOP_CHARS} characters long")
+        fail("stop_sequences", f"each may be at most {MAX_STOP_CHARS} characters long")
     if stops:
         body["stop"] = list(stops)
     for name in ("temperature", "top_p", "top_k"):

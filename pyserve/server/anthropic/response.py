@@ -15,7 +15,9 @@
                                   --enable-prompt-tokens-details: cache_read_input_tokens)
 
 A stream is message_start (sent before generation begins, with a ping; more pings while it
-waits), then per content block content_block_start, its deltas (thinking_delta
+waits; its input_tokens is the whole prompt, which message_delta's usage splits into
+input_tokens and cache_read_input_tokens where the cached count is reported), then per content
+block content_block_start, its deltas (thinking_delta
 then one signature_delta, text_delta, or input_json_delta carrying the tool call's argument
 pieces) and content_block_stop, then
 message_delta (stop_reason, stop_sequence, usage) and message_stop. An engine failure ends it

@@ -44,7 +44,7 @@ _FIELDS = {"model", "input", "messages", "encoding_format", "dimensions", "user"
            "chat_template", "chat_template_kwargs", "add_generation_prompt",
            "continue_final_message"}
 _POOLING_FIELDS = _FIELDS | {"task"}
-_REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds",
+REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds",
             "media_io_kwargs")
 
 
@@ -73,7 +73,7 @@ class OpenAIServingEmbedding:
 
     # -- request parsing -----------------------------------------------------------------------
     def _params(self, body: dict, known: set[str], task: str) -> tuple[PoolingParams, str]:
-        for name in _REFUSED:
+        for name in REFUSED:
             if body.get(name) is not None:
                 raise APIError(400, f"'{name}' is not supported by pyserve's pooling routes", name)
         unknown = set(body) - known
@@ -122,7 +122,8 @@ class OpenAIServingEmbedding:
                                f"{MAX_INPUTS} may be embedded in one request", "messages")
             chat = dict(body)
             chat.setdefault("add_generation_prompt", False)  # vLLM's default for embeddings
-            return [(None, await self.serving._chat_prompt({**chat, "messages": m}, None)) for m in batch]
+            return [(None, await self.serving._chat_prompt({**chat, "messages": m}, None,
+                                                           off_loop=len(batch) > 1)) for m in batch]
         if isinstance(raw, str) or (isinstance(raw, list) and raw and _token_list(raw)):
             items = [raw]
         elif isinstance(raw, list) and raw:

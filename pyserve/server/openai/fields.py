@@ -45,7 +45,6 @@ REFUSED_UNLESS_DEFAULT = {
     "prompt_embeds": None, "echo_chat": None, "audio": None,
     "modalities": ["text"], "prediction": None, "functions": None, "function_call": ("none", "auto"),
     "web_search_options": None, "processed_prompt": None,
-    "verbosity": "medium",  # OpenAI's answer-length hint: the medium one is the model's own
     "moderation": None,  # no moderation model here
 }
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields

@@ -58,7 +58,7 @@ def template_messages(body: dict) -> list[dict]:
             if m.get(key) is not None:
                 message[key] = m[key]
         # an assistant turn's reasoning, for templates that render it (vLLM takes either name)
-        reasoning = m.get("reasoning_content", m.get("reasoning"))
+        reasoning = m.get("reasoning_content") or m.get("reasoning")
         if reasoning is not None:
             if not isinstance(reasoning, str):
                 raise APIError(400, f"messages[{i}]: reasoning_content must be a string", "messages")
@@ -151,7 +151,7 @@ def with_allowed_tools(body: dict) -> dict:
     names = set()
     for entry in spec["tools"]:
         function = entry.get("function") if isinstance(entry, dict) else None
-        if entry.get("type") != "function" or not isinstance(function, dict) \
+        if not isinstance(function, dict) or entry.get("type") != "function" \
                 or not isinstance(function.get("name"), str):
             raise APIError(400, "tool_choice allowed_tools: only function tools can be allowed",
                            "tool_choice")

@@ -24,7 +24,7 @@ from pyserve.errors import InvalidRequest
 from pyserve.pooling_params import PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
-from pyserve.server.openai.embeddings import MAX_INPUTS
+from pyserve.server.openai.embeddings import MAX_INPUTS, REFUSED
 from pyserve.server.values import brief, field, log_ignored_fields
 
 # read as /v1/embeddings reads them
@@ -32,6 +32,8 @@ _SHARED = {"model", "truncate_prompt_tokens", "truncation_side", "add_special_to
            "request_id", "user"}
 _SCORE_FIELDS = _SHARED | {"text_1", "text_2", "encoding_format"}
 _RERANK_FIELDS = _SHARED | {"query", "documents", "top_n", "return_documents"}
+# a score is a cosine of normalised embeddings: asking for it unnormalised asks for another score
+_COSINE_ONLY = ("normalize", "use_activation")
 
 
 class OpenAIServingScores:
@@ -41,8 +43,7 @@ class OpenAIServingScores:
         self.serving = embedding.serving
 
     async def score(self, request: Request) -> Response:
-        body = self.serving.parse_body(request)
-        log_ignored_fields(set(body) - _SCORE_FIELDS)
+        body = _checked(self.serving.parse_body(request), _SCORE_FIELDS)
         if field(body, "encoding_format", str, "float") != "float":
             raise APIError(400, "encoding_format: scores are floats", "encoding_format")
         firsts, seconds = _texts(body, "text_1"), _texts(body, "text_2")
@@ -56,8 +57,7 @@ class OpenAIServingScores:
             "model": self.serving.model_name, "data": data, "usage": _usage(rows)}))
 
     async def rerank(self, request: Request) -> Response:
-        body = self.serving.parse_body(request)
-        log_ignored_fields(set(body) - _RERANK_FIELDS)
+        body = _checked(self.serving.parse_body(request), _RERANK_FIELDS)
         query = body.get("query")
         if not isinstance(query, str) or not query:
             raise APIError(400, "query must be a non-empty string", "query")
@@ -84,12 +84,26 @@ class OpenAIServingScores:
             params = PoolingParams("embed", True, None)
         except InvalidRequest as exc:  # a model that cannot embed
             raise APIError(400, exc.message, exc.param) from None
-        rows = await self.embedding._run(request, {**body, "input": firsts + seconds}, params, prefix)
+        shared = {name: body[name] for name in _SHARED if name in body}
+        rows = await self.embedding._run(request, {**shared, "input": firsts + seconds}, params, prefix)
         vectors = torch.stack([p.float().reshape(-1) for p in rows["pooled"]])
         left, right = vectors[:len(firsts)], vectors[len(firsts):]
         if len(firsts) == 1:
             left = left.expand(len(seconds), -1)
         return (left * right).sum(dim=-1).tolist(), rows
+
+
+def _checked(body: dict, known: set[str]) -> dict:
+    """The body, once what pyserve's pooling routes refuse is refused (by name) and what no
+    route reads is logged."""
+    for name in REFUSED:
+        if body.get(name) is not None:
+            raise APIError(400, f"'{name}' is not supported by pyserve's pooling routes", name)
+    for name in _COSINE_ONLY:
+        if body.get(name) not in (None, True):
+            raise APIError(400, f"{name}: a score here is the cosine of normalised embeddings", name)
+    log_ignored_fields(set(body) - known - set(_COSINE_ONLY))
+    return body
 
 
 def _texts(body: dict, name: str) -> list[str]:

@@ -201,8 +201,10 @@ class OpenAIServing:
             out.append((text, ids))
         return out
 
-    async def _chat_prompt(self, body: dict, tools: list | None,
-                           max_tokens: int | None = None) -> list[int]:
+    async def _chat_prompt(self, body: dict, tools: list | None, max_tokens: int | None = None,
+                           off_loop: bool = False) -> list[int]:
+        """The conversation rendered and tokenized; off the event loop when it is long, or
+        when off_loop asks (a caller rendering many small ones in a row)."""
         cleaned = template_messages(body)
         kwargs = template_kwargs(body)
         own = field(body, "chat_template", str)
@@ -230,7 +232,7 @@ class OpenAIServing:
                                        chat_template=template, add_special_tokens=add_special,
                                        **kwargs)
         try:
-            if sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
+            if not off_loop and sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
                 ids = render()
             else:
                 ids = await asyncio.get_running_loop().run_in_executor(None, render)
@@ -466,6 +468,7 @@ class OpenAIServing:
     async def tokenize(self, request: Request) -> Response:
         body = self.parse_body(request)
         if "messages" in body:
+            body = with_allowed_tools(body)  # the tools the chat route would render
             tokens = await self._chat_prompt(body, tool_mode(body, False, False)[1])
         else:
             prompt = field(body, "prompt", (str,))

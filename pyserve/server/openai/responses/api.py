@@ -16,7 +16,7 @@ from pyserve.server.values import brief
 from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
 from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
-from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, input_messages
+from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, with_answer
 
 
 class ResponsesAPI:
@@ -58,7 +58,7 @@ class ResponsesAPI:
             return StreamingResponse(200, self._stream(turn, result, conversation, keep))
         response = turn.from_completion(result)
         if keep:
-            self._keep(response, conversation)
+            self._keep(turn, response, conversation)
         return Response(200, orjson.dumps(response))
 
     async def _stream(self, turn: Turn, chunks, conversation: list[dict],
@@ -68,12 +68,12 @@ class ResponsesAPI:
             async for event in turn.events(chunks, UNREAD, done):
                 yield sse(event)
             if keep and done:
-                self._keep(done[0], conversation)
+                self._keep(turn, done[0], conversation)
         finally:
             await chunks.aclose()
 
-    def _keep(self, response: dict, conversation: list[dict]) -> None:
-        self.store.put(response, conversation + input_messages(response["output"], "output"))
+    def _keep(self, turn: Turn, response: dict, conversation: list[dict]) -> None:
+        self.store.put(response, with_answer(conversation, response["output"], turn.continues))
 
     def _stored(self, request: Request) -> tuple[str, Stored]:
         response_id = request.path_params["response_id"]

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from pyserve.server.openai.responses.output import TERMINAL_EVENTS, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
-from pyserve.server.openai.responses.translate import input_messages
+from pyserve.server.openai.responses.translate import with_answer
 
 logger = logging.getLogger("pyserve.requests")
 
@@ -129,7 +129,7 @@ class BackgroundRuns:
                         "code": "server_error", "message": "generation ended without a response"})
                 if final["status"] in ("completed", "incomplete"):
                     try:
-                        conversation = conversation + input_messages(final["output"], "output")
+                        conversation = with_answer(conversation, final["output"], turn.continues)
                     except Exception:  # the output cannot be continued from (too many items)
                         logger.exception("background response %s: its output kept out of its conversation", turn.id)
                 self.store.finish(final, conversation)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from pyserve.server.openai.params import field
+from pyserve.server.openai.responses.translate import continues_last_message
 
 
 # the statuses of a response that has not ended (a background one's, or a stream's events')
@@ -87,6 +88,8 @@ class Turn:
     def __init__(self, body: dict, defaults: dict, model: str):
         self.id = _id("resp_")
         self.created_at = int(time.time())
+        # the answer continues the input's last (incomplete) assistant message
+        self.continues = continues_last_message(body.get("input"))
         choice = body.get("tool_choice")
         text = dict(body.get("text") or {})
         if text.get("format") is None:  # OpenAI's echo names the plain format

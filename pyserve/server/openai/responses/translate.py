@@ -60,13 +60,13 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 # events never carry an obfuscation field
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
              "stream_options", "background_options", "image", "access_programs",
-             "prompt_cache_options"}
+             "prompt_cache_options", "prompt_cache_retention"}
 # OpenAI's service tiers (vLLM's Responses request takes these)
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
 REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
                           "max_tool_calls": None, "prompt": None, "conversation": None,
-                          "prompt_cache_retention": None, "context_management": None,
+                          "context_management": None,
                           "moderation": None,  # no moderation model here
                           # vLLM's ResponsesRequest fields pyserve does not implement
                           "cache_salt": None, "previous_input_messages": None,
@@ -195,6 +195,9 @@ def input_messages(items, where: str = "input") -> list[dict]:
         if kind == "reasoning":
             reasoning.append(_reasoning_text(item, at))
             continue
+        if reasoning and not _assistant_turn(item):  # reasoning with no answer: a turn of its own
+            messages.append({"role": "assistant", "content": None, "reasoning_content": "\n".join(reasoning)})
+            reasoning = []
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
@@ -223,7 +226,15 @@ def input_messages(items, where: str = "input") -> list[dict]:
                            "reasoning, function_call and function_call_output items are", "input")
     if not messages:
         raise APIError(400, f"{where} holds no message: reasoning items alone are no conversation", "input")
+    if reasoning:
+        messages.append({"role": "assistant", "content": None, "reasoning_content": "\n".join(reasoning)})
     return messages
+
+
+def _assistant_turn(item: dict) -> bool:
+    """An item that is (or opens) an assistant turn, which takes the reasoning before it."""
+    kind = item.get("type", "message")
+    return kind == "function_call" or (kind == "message" and item.get("role") == "assistant")
 
 
 def _reasoning_text(item: dict, at: str) -> str:
@@ -243,6 +254,21 @@ def _reasoning_text(item: dict, at: str) -> str:
         if texts:
             break
     return "\n".join(texts)
+
+
+def with_answer(conversation: list[dict], output: list[dict], continued: bool) -> list[dict]:
+    """The conversation with a response's output items as its next turn(s); a continued
+    message (continues_last_message) takes the answer's text as the rest of its own, so a
+    later turn renders one assistant message, as the model wrote it."""
+    answer = input_messages(output, "output")
+    last, first = (conversation[-1] if conversation else None), answer[0]
+    if not (continued and last is not None and last["role"] == "assistant" and first["role"] == "assistant"
+            and isinstance(last.get("content"), str) and isinstance(first.get("content"), str)):
+        return conversation + answer
+    joined = {**first, **last, "content": last["content"] + first["content"]}
+    if first.get("tool_calls"):
+        joined["tool_calls"] = first["tool_calls"]
+    return conversation[:-1] + [joined] + answer[1:]
 
 
 def continues_last_message(items) -> bool:
@@ -280,31 +306,16 @@ def chat_tools(tools) -> list[dict] | None:
     return out
 
 
-def allowed_tools(choice: dict, tools: list[dict]) -> tuple[list[dict], str]:
-    """tool_choice allowed_tools -> (the tools it names, its mode): the model is shown and
-    may call only those (a grammar holds mode "required" to them, as a plain "required")."""
-    if set(choice) - {"type", "mode", "tools"} or choice.get("mode") not in ("auto", "required") \
-            or not isinstance(choice.get("tools"), list):
-        raise APIError(400, 'tool_choice allowed_tools must be {"type": "allowed_tools", "mode": '
-                       '"auto" | "required", "tools": [{"type": "function", "name": ...}, ...]}',
-                       "tool_choice")
-    names = set()
-    for entry in choice["tools"]:
-        if not isinstance(entry, dict) or entry.get("type") != "function" \
-                or not isinstance(entry.get("name"), str):
-            raise APIError(400, "tool_choice allowed_tools: only function tools can be allowed "
-                           '({"type": "function", "name": ...})', "tool_choice")
-        names.add(entry["name"])
-    unknown = names - {t["function"]["name"] for t in tools}
-    if unknown:
-        raise APIError(400, f"tool_choice allowed_tools names tools not in tools: "
-                       f"{', '.join(sorted(unknown))}", "tool_choice")
-    return [t for t in tools if t["function"]["name"] in names], choice["mode"]
-
-
 def chat_tool_choice(choice, has_tools: bool):
     if choice is None or (choice == "auto" and not has_tools):
         return None  # "auto" without tools asks for nothing
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        # the chat form, which the chat path reads (and checks): {"type": "function", "name"}
+        # entries become {"type": "function", "function": {"name"}}
+        entries = [{"type": t.get("type"), "function": {"name": t.get("name")}} if isinstance(t, dict) else t
+                   for t in choice.get("tools") or []] if isinstance(choice.get("tools"), list) else choice.get("tools")
+        spec = {key: choice[key] for key in choice if key != "type"}
+        return {"type": "allowed_tools", "allowed_tools": {**spec, "tools": entries}}
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
@@ -386,12 +397,9 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
         if body.get(name) is not None:
             chat[name] = body[name]
     tools = chat_tools(body.get("tools"))
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        tools, choice = allowed_tools(choice, tools or [])
     if tools:
         chat["tools"] = tools
-    choice = chat_tool_choice(choice, bool(tools))
+    choice = chat_tool_choice(body.get("tool_choice"), bool(tools))
     if choice is not None:
         chat["tool_choice"] = choice
     fmt = response_format(body.get("text"))
