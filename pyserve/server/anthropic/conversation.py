@@ -11,7 +11,10 @@ import json
 from pyserve.server.errors import APIError
 from pyserve.server.values import brief, field
 
+# Claude Code (2.1.154 and later) also sends context as roles ctx and msg: user turns
 _ROLES = {"user": "user", "assistant": "assistant", "ctx": "user", "msg": "user"}
+# Claude Code's first system line, different on every request (cch=...): it means nothing to a
+# model, and left in it would make every prompt's first tokens new to the prefix cache
 BILLING_HEADER = "x-anthropic-billing-header:"
 _TEXT_ONLY = "this server's model takes text only"
 
