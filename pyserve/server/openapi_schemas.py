@@ -264,7 +264,13 @@ def _responses(facts) -> dict:
         obj({"type": {"const": "function_call"}, "call_id": STRING, "name": STRING,
              "arguments": STRING}, ("type", "call_id", "name", "arguments")),
         obj({"type": {"const": "function_call_output"}, "call_id": STRING, "output": STRING},
-            ("type", "call_id", "output"))]}
+            ("type", "call_id", "output")),
+        obj({"type": {"const": "reasoning"},
+             "summary": {"type": "array", "items": obj({"type": {"const": "summary_text"}, "text": STRING},
+                                                       ("type", "text"))},
+             "content": nullable({"type": "array", "items": obj(
+                 {"type": {"const": "reasoning_text"}, "text": STRING}, ("type", "text"))})},
+            ("type",))]}
     tool = obj({"type": {"const": "function"}, "name": STRING, "description": nullable(STRING),
                 "parameters": nullable({"type": "object"}), "strict": nullable(BOOL)}, ("type", "name"))
     fmt = {"anyOf": [obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),

@@ -414,7 +414,7 @@ CALLS = ('Let me add. <tool_call>{"name": "add", "arguments": {"a": 12, "b": 30}
 @pytest.fixture(scope="module")
 def hermes(default_model_dir):
     srv = ServerProcess("--served-model-name", MODEL, "--enable-auto-tool-choice",
-                        "--tool-call-parser", "hermes")
+                        "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     assert srv.stop() == 0
 
@@ -437,3 +437,19 @@ def test_auto_tool_choice_gives_text_and_calls_whole_and_streamed(hermes):
                        if e.type == "response.function_call_arguments.delta" and e.output_index == index)
         assert args == item.arguments == whole.output[index].arguments
     assert len({o.call_id for o in final.output[1:]}) == 2
+
+
+def test_reasoning_comes_back_as_a_reasoning_item(hermes):
+    kw = dict(model=MODEL, input="What is 12 plus 30?", temperature=0, max_output_tokens=60,
+              extra_body=scripted("<think>Twelve and thirty.</think>It is 42."))
+    r = hermes.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "message"] and r.output_text == "It is 42."
+    assert r.output[0].content[0].text == "Twelve and thirty."
+    with hermes.responses.stream(**kw) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "Twelve and thirty." == final.output[0].content[0].text
+    assert final.output_text == "It is 42."
+    # the next turn, from the stored one, is read with the reasoning as the turn's own
+    again = hermes.responses.create(**{**kw, "input": "And 1 + 1?", "previous_response_id": r.id})
+    assert again.status == "completed" and again.output_text == "It is 42."

@@ -166,7 +166,7 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
                          "structured_outputs": {"regex": "a+"}}, [])
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
     assert (chat["seed"], chat["top_k"], chat["structured_outputs"]) == (3, 5, {"regex": "a+"})
-    assert chat["include_reasoning"] is False
+    assert chat["include_reasoning"] is True  # a reasoning item, with --reasoning-parser
 
 
 @pytest.mark.parametrize("body,param,words", [
@@ -332,6 +332,36 @@ def test_events_follow_openais_order_and_validate():
     assert final.usage.output_tokens == 9 and done[0]["id"] == final.id
     assert parsed[0].response.status == "in_progress" and parsed[0].response.output == []
     assert parsed[2].item.content == [] and parsed[2].item.status == "in_progress"
+
+
+def test_reasoning_is_a_reasoning_item_whole_and_streamed():
+    whole = turn().from_completion(completion({"reasoning": "Think.", "content": "Answer."}))
+    response = sdk.Response.model_validate(whole)
+    assert [o.type for o in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == "Think." and response.output[0].summary == []
+    assert response.output_text == "Answer."
+    cut = turn().from_completion(completion({"reasoning": "Thin", "content": ""}, "length"))
+    assert [(o["type"], o["status"]) for o in cut["output"]] == [("reasoning", "incomplete"),
+                                                                ("message", "incomplete")]
+    events, done = run_events(turn(), [chunk({"role": "assistant", "content": ""}),
+                                       chunk({"reasoning": "Thi"}), chunk({"reasoning": "nk."}),
+                                       chunk({"content": "Answer."}, "stop")])
+    parsed = [EVENT.validate_python(e) for e in events]
+    assert [e.type for e in parsed] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert parsed[6].text == "Think." and parsed[7].part.type == "reasoning_text"
+    final = parsed[-1].response
+    assert [o.type for o in final.output] == ["reasoning", "message"] and final.output_text == "Answer."
+    assert final.output[0].content[0].text == "Think." == whole["output"][0]["content"][0]["text"]
+    # the stored conversation carries it on as the assistant turn's reasoning_content
+    assert input_messages(done[0]["output"], "output") == [
+        {"role": "assistant", "content": "Answer.", "reasoning_content": "Think."}]
 
 
 def test_streamed_length_and_empty_and_failure():

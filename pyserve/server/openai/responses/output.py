@@ -1,10 +1,13 @@
 """The chat path's answer -> a Responses response object, whole or as its stream of events.
 
-A chat message becomes output items: its content a message item (one output_text part), each
-tool call a function_call item (call_id the chat call's id). finish_reason "length" makes the
+A chat message becomes output items: its reasoning (with --reasoning-parser) a reasoning item
+first (one reasoning_text part, no summary), its content a message item (one output_text
+part), each tool call a function_call item (call_id the chat call's id). finish_reason "length" makes the
 response "incomplete" (reason max_output_tokens) and its last item too. Streams follow
 OpenAI's order: response.created, response.in_progress, then per item output_item.added,
-(content_part.added, output_text.delta..., output_text.done, content_part.done) or
+(content_part.added, output_text.delta..., output_text.done, content_part.done), or for
+reasoning (content_part.added, reasoning_text.delta..., reasoning_text.done,
+content_part.done), or
 (function_call_arguments.delta..., function_call_arguments.done), output_item.done, and last
 response.completed with the whole response, whose status may be "incomplete" (vLLM's
 terminal event; OpenAI sends response.incomplete then, which the openai SDK's stream helper
@@ -42,6 +45,15 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
                  logprobs: list | None = None) -> dict:
     return {"type": "message", "id": item_id or _id("msg_"), "status": status, "role": "assistant",
             "content": [text_part(text, logprobs)]}
+
+
+def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "reasoning", "id": item_id or _id("rs_"), "status": status, "summary": [],
+            "content": [reasoning_part(text)]}
+
+
+def reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def text_part(text: str, logprobs: list | None = None) -> dict:
@@ -125,15 +137,18 @@ class Turn:
     def from_completion(self, completion: dict) -> dict:
         choice = completion["choices"][0]
         message = choice["message"]
-        output = ([message_item(message["content"], logprobs=chat_logprobs(choice))]
-                  if message.get("content") else [])
+        output = [reasoning_item(message["reasoning"])] if message.get("reasoning") else []
+        output += ([message_item(message["content"], logprobs=chat_logprobs(choice))]
+                   if message.get("content") else [])
         output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
                    for c in message.get("tool_calls") or []]
-        if not output:
-            output = [message_item("")]
+        cut_in_reasoning = not any(item["type"] != "reasoning" for item in output)
+        if cut_in_reasoning:
+            output.append(message_item(""))  # an answer, if an empty one
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
         if status == "incomplete":
-            output[-1]["status"] = "incomplete"
+            for item in output if cut_in_reasoning else output[-1:]:
+                item["status"] = "incomplete"
         return self.response(status, output, completion.get("usage"))
 
     async def events(self, chunks: AsyncIterator[dict], first, done: list) -> AsyncIterator[dict]:
@@ -191,6 +206,13 @@ class _Events:
             # character) wait for the delta that carries their text; the message takes what
             # is left when it closes (the end-of-turn token), as a whole answer holds them all
             self.pending_logprobs += chat_logprobs(choice)
+            if delta.get("reasoning"):
+                if self.open is None or self.items[self.open]["type"] != "reasoning":
+                    events += self.close(None)
+                    events += self._add(reasoning_item("", "in_progress"))
+                    events.append(self._at("response.content_part.added", part=reasoning_part("")))
+                self.items[self.open]["content"][0]["text"] += delta["reasoning"]
+                events.append(self._at("response.reasoning_text.delta", delta=delta["reasoning"]))
             if delta.get("content"):
                 if self.open is None or self.items[self.open]["type"] != "message":
                     events += self.close(None)
@@ -221,7 +243,7 @@ class _Events:
         self.items.append(item)
         self.open = len(self.items) - 1
         return [self.event("response.output_item.added", output_index=self.open,
-                           item={**item, "content": []} if item["type"] == "message" else dict(item))]
+                           item={**item, "content": []} if "content" in item else dict(item))]
 
     def _at(self, kind: str, **fields) -> dict:
         """An event of the open message's text part."""
@@ -232,14 +254,19 @@ class _Events:
         """Ends the open item (finish "length" or "error" marks it incomplete); at the end (last) of a
         stream without any item, an empty message is its output."""
         events: list[dict] = []
-        if last and not self.items:
+        if last and all(item["type"] == "reasoning" for item in self.items):  # no answer yet
+            events += self.close(finish)
             events += self._add(message_item("", "in_progress"))
             events.append(self._at("response.content_part.added", part=text_part("")))
         if self.open is None:
             return events
         item = self.items[self.open]
         item["status"] = "incomplete" if finish in ("length", "error") else "completed"
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events.append(self._at("response.reasoning_text.done", text=text))
+            events.append(self._at("response.content_part.done", part=reasoning_part(text)))
+        elif item["type"] == "message":
             item["content"][0]["logprobs"] += self.pending_logprobs
             self.pending_logprobs = []
             text, logprobs = item["content"][0]["text"], item["content"][0]["logprobs"]

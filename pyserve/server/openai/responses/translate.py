@@ -72,7 +72,7 @@ REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
                           "cache_salt": None, "previous_input_messages": None,
                           "enable_response_messages": False, "mm_processor_kwargs": None,
                           "kv_transfer_params": None}
-# OpenAI's include values; those of items pyserve never outputs (hosted tools', reasoning's)
+# OpenAI's include values; those of what pyserve never outputs (hosted tools', encrypted reasoning)
 # ask for nothing
 INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
             "message.input_image.image_url", "computer_call_output.output.image_url",
@@ -410,6 +410,6 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     if field(body, "stream", bool, False) or field(body, "background", bool, False):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
-    # a --reasoning-parser's thinking stays out of the answer, as OpenAI returns no raw reasoning
-    chat["include_reasoning"] = False
+    # a --reasoning-parser's thinking comes back as a reasoning item, as vLLM returns it
+    chat["include_reasoning"] = True
     return chat, conversation
