@@ -224,7 +224,7 @@ def test_what_the_agents_sdk_sends_is_accepted():
                          "metadata": {"run": "1"}, "user": "u", "safety_identifier": "s",
                          "prompt_cache_key": "k"}, [])
     assert "tools" not in chat and "response_format" not in chat and chat["stream"] is True
-    chat_body({"input": "x", "include": ["reasoning.encrypted_content"]}, [])  # no reasoning items
+    chat_body({"input": "x", "include": ["reasoning.encrypted_content"]}, [])  # none encrypted here
 
 
 # -- chat answers -> response objects ---------------------------------------------------------
@@ -362,6 +362,16 @@ def test_reasoning_is_a_reasoning_item_whole_and_streamed():
     # the stored conversation carries it on as the assistant turn's reasoning_content
     assert input_messages(done[0]["output"], "output") == [
         {"role": "assistant", "content": "Answer.", "reasoning_content": "Think."}]
+    # the reasoning's token logprobs are not the answer's
+    lp = lambda token: {"content": [{"token": token, "logprob": -1.0, "bytes": None, "top_logprobs": []}]}  # noqa: E731
+    thinking, answering = chunk({"reasoning": "Hm."}), chunk({"content": "A"}, "stop")
+    thinking["choices"][0]["logprobs"], answering["choices"][0]["logprobs"] = lp("Hm."), lp("A")
+    events, done = run_events(turn(), [chunk({"role": "assistant", "content": ""}), thinking, answering])
+    assert [t["token"] for t in done[0]["output"][1]["content"][0]["logprobs"]] == ["A"]
+    # a continued message keeps both its reasoning and the answer's
+    joined = with_answer([{"role": "assistant", "content": "One,", "reasoning_content": "Count."}],
+                         done[0]["output"], True)
+    assert joined == [{"role": "assistant", "content": "One,A", "reasoning_content": "Count.\nHm."}]
 
 
 def test_streamed_length_and_empty_and_failure():

@@ -3,7 +3,8 @@
 A chat message becomes output items: its reasoning (with --reasoning-parser) a reasoning item
 first (one reasoning_text part, no summary), its content a message item (one output_text
 part), each tool call a function_call item (call_id the chat call's id). finish_reason "length" makes the
-response "incomplete" (reason max_output_tokens) and its last item too. Streams follow
+response "incomplete" (reason max_output_tokens) and its last item too (every item, when it
+was cut while reasoning). Streams follow
 OpenAI's order: response.created, response.in_progress, then per item output_item.added,
 (content_part.added, output_text.delta..., output_text.done, content_part.done), or for
 reasoning (content_part.added, reasoning_text.delta..., reasoning_text.done,
@@ -213,6 +214,8 @@ class _Events:
                     events.append(self._at("response.content_part.added", part=reasoning_part("")))
                 self.items[self.open]["content"][0]["text"] += delta["reasoning"]
                 events.append(self._at("response.reasoning_text.delta", delta=delta["reasoning"]))
+                if not delta.get("content"):  # the reasoning's tokens are no answer's logprobs
+                    self.pending_logprobs = []
             if delta.get("content"):
                 if self.open is None or self.items[self.open]["type"] != "message":
                     events += self.close(None)
@@ -246,7 +249,7 @@ class _Events:
                            item={**item, "content": []} if "content" in item else dict(item))]
 
     def _at(self, kind: str, **fields) -> dict:
-        """An event of the open message's text part."""
+        """An event of the open item's content part (a message's text, a reasoning's text)."""
         return self.event(kind, item_id=self.items[self.open]["id"], output_index=self.open,
                           content_index=0, **fields)
 

@@ -266,6 +266,9 @@ def with_answer(conversation: list[dict], output: list[dict], continued: bool) -
             and isinstance(last.get("content"), str) and isinstance(first.get("content"), str)):
         return conversation + answer
     joined = {**first, **last, "content": last["content"] + first["content"]}
+    reasoning = "\n".join(filter(None, (last.get("reasoning_content"), first.get("reasoning_content"))))
+    if reasoning:
+        joined["reasoning_content"] = reasoning
     if first.get("tool_calls"):
         joined["tool_calls"] = first["tool_calls"]
     return conversation[:-1] + [joined] + answer[1:]
