@@ -276,8 +276,10 @@ def test_claude_codes_roles_system_reminders_and_billing_line(client):
     system = [{"type": "text", "text": billing}, {"type": "text", "text": "You are brief."}]
     messages = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Agents: none."},
                 {"role": "ctx", "content": "Context."}, {"role": "msg", "content": "Name a colour."}]
+    clear_thinking = {"edits": [{"type": "clear_thinking_20251015",
+                                 "keep": {"type": "thinking_turns", "value": 1}}]}
     out = client.messages.create(model=MODEL, max_tokens=8, messages=messages, system=system,
-                                 extra_body=GREEDY)
+                                 extra_body={**GREEDY, "context_management": clear_thinking})
     assert out.content[0].type == "text" and out.usage.input_tokens > 0
     # the billing line is not part of the prompt: the count is the same without it
     counted = lambda s: client.messages.count_tokens(model=MODEL, messages=messages, system=s).input_tokens

@@ -76,6 +76,27 @@ def test_bad_thinking_is_named(thinking, param_message):
     assert exc.param == "thinking" and exc.message.startswith(param_message)
 
 
+def test_clear_thinking_keeps_the_last_turns_reasoning():
+    def turn(n):
+        return [{"role": "user", "content": f"Q{n}"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": f"T{n}", "signature": "s"},
+                                                  {"type": "text", "text": f"A{n}"}]}]
+    history = turn(1) + turn(2) + turn(3) + [{"role": "user", "content": "Q4"}]
+
+    def kept(management):
+        got = body(messages=history, context_management=management)["messages"]
+        return [m.get("reasoning_content") for m in got if m["role"] == "assistant"]
+    clear = {"type": "clear_thinking_20251015"}
+    assert kept(None) == ["T1", "T2", "T3"]
+    assert kept({"edits": [clear]}) == [None, None, "T3"]  # Anthropic's default: the last turn
+    assert kept({"edits": [{**clear, "keep": {"type": "thinking_turns", "value": 2}}]}) == [None, "T2", "T3"]
+    assert kept({"edits": [{**clear, "keep": "all"}]}) == ["T1", "T2", "T3"]
+    for bad in ({"edits": [{"type": "clear_tool_uses_20250919"}]}, {"edits": "all"},
+                {"edits": [{**clear, "keep": {"type": "tool_uses", "value": 1}}]}):
+        assert refused({"max_tokens": 2, "messages": history, "context_management": bad}).param == \
+            "context_management"
+
+
 def test_template_kwargs_that_are_no_object_are_named():
     for extra in ({"thinking": {"type": "adaptive"}}, {"output_config": {"effort": "low"}}):
         exc = refused({"max_tokens": 2, "messages": USER, "chat_template_kwargs": "abc", **extra})

@@ -20,6 +20,9 @@
     an assistant's thinking blocks        its reasoning_content (templates that render past
                                           reasoning read it); redacted_thinking: dropped
     tool_result is_error true             its text prefixed with "Error: "
+    context_management clear_thinking_20251015  past turns' reasoning_content dropped but for
+                                          the last `keep` (1 by default, or "all"); its
+                                          other edits: a 400
     consecutive turns of one role         one turn, as Anthropic combines them (parts and
                                           tool_calls joined)
     a final assistant message             a prefill: continue_final_message, no generation prompt
@@ -74,7 +77,7 @@ PASSTHROUGH = ("structured_outputs", "seed", "min_p", "repetition_penalty", "pre
 # would change the answer: a 400 naming them. Any other unknown field is ignored with a warning
 # naming it in the log, as vLLM's Anthropic request model ignores extra fields (an SDK's newer
 # fields must not break requests).
-REFUSED = frozenset(("mcp_servers", "container", "context_management", "n", "logprobs",
+REFUSED = frozenset(("mcp_servers", "container", "n", "logprobs",
                      "top_logprobs", "stop", "response_format", "max_completion_tokens", "best_of",
                      "logit_bias", "stop_token_ids", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar", "allowed_token_ids", "bad_words", "prompt_logprobs",
@@ -82,6 +85,7 @@ REFUSED = frozenset(("mcp_servers", "container", "context_management", "n", "log
 NO_EFFECT = ("metadata", "service_tier", "speed", "user_profile_id", "workspace_id", "inference_geo",
              "cache_control")
 _PROMPT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
+                  "context_management",
                   "speed", "user_profile_id", "workspace_id", "output_config", "output_format"}
 FIELDS = {
     "messages": _PROMPT_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
@@ -176,6 +180,34 @@ def _output_config(config, body: dict) -> None:
         body["chat_template_kwargs"] = kwargs
 
 
+def _context_management(management, chat: list[dict]) -> None:
+    """context_management's clear_thinking_20251015 edit (the one Claude Code sends): past
+    assistant turns' thinking is dropped but for the last `keep` turns that have some
+    (Anthropic's default: 1; "all" keeps every one). Other edits (clearing tool results at a
+    token threshold, compaction) are a 400."""
+    if management is None:
+        return
+    if not isinstance(management, dict) or not isinstance(management.get("edits"), list):
+        fail("context_management", "must be {\"edits\": [...]}")
+    check_keys(management, "context_management", {"edits"})
+    for i, edit in enumerate(management["edits"]):
+        where = f"context_management.edits[{i}]"
+        if not isinstance(edit, dict) or edit.get("type") != "clear_thinking_20251015":
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            fail(f"{where}.type", f"only clear_thinking_20251015 is supported by this server, got {brief(kind)}")
+        check_keys(edit, where, {"type", "keep"})
+        keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            continue
+        if not isinstance(keep, dict) or keep.get("type") != "thinking_turns" \
+                or not isinstance(keep.get("value"), int) or isinstance(keep["value"], bool) \
+                or keep["value"] < 0:
+            fail(f"{where}.keep", "must be \"all\" or {\"type\": \"thinking_turns\", \"value\": N}")
+        thinking = [m for m in chat if m["role"] == "assistant" and m.get("reasoning_content")]
+        for message in thinking[:len(thinking) - keep["value"]]:
+            del message["reasoning_content"]
+
+
 def _template_kwargs(body: dict) -> dict:
     """A copy of the body's chat_template_kwargs (passed through from the request), to add to."""
     kwargs = body.get("chat_template_kwargs")
@@ -237,6 +269,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     if len(messages) > MAX_MESSAGES:  # before any is translated
         fail("messages", f"may hold at most {MAX_MESSAGES} messages, got {len(messages)}")
     chat = conversation(request.get("system"), messages)
+    _context_management(request.get("context_management"), chat)
     # reasoning (with --reasoning-parser) is kept only where thinking is asked for
     body: dict = {"model": model, "messages": chat, "include_reasoning": False}
     if chat[-1]["role"] == "assistant":  # Anthropic's prefill: the answer continues it
