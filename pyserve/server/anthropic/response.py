@@ -14,8 +14,8 @@
     usage prompt/completion       input_tokens / output_tokens (cached prompt tokens, with
                                   --enable-prompt-tokens-details: cache_read_input_tokens)
 
-A stream is message_start (sent before generation begins, with a ping; more pings while it
-waits; its input_tokens is the whole prompt, which message_delta's usage splits into
+A stream is message_start (sent before generation begins, with a ping; more pings until
+the first token; its input_tokens is the whole prompt, which message_delta's usage splits into
 input_tokens and cache_read_input_tokens where the cached count is reported), then per content
 block content_block_start, its deltas (thinking_delta
 then one signature_delta, text_delta, or input_json_delta carrying the tool call's argument

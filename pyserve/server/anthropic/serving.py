@@ -58,24 +58,24 @@ class AnthropicServing:
     async def _events(self, chunks, stops: list[str]) -> AsyncIterator[bytes]:
         """message_start and a ping at once (as Anthropic sends them: a long prompt's prefill
         must not look like a dead stream to a client's idle watchdog), a ping every PING_S
-        while no chunk comes, then the chunks' events."""
+        until the first chunk comes, then the chunks' events. (Only the first read is a task
+        that can be waited on with a timeout: the later ones, a token apart, are read plainly.)"""
         events = MessageEvents(stops)
         pending = None
         try:
             for kind, data in events.start(chunks.id, chunks.model, chunks.prompt_tokens):
                 yield _event(kind, data)
             yield _PING
-            while True:
-                pending = asyncio.ensure_future(anext(chunks, None))
-                while not (await asyncio.wait({pending}, timeout=PING_S))[0]:
-                    yield _PING
-                chunk, pending = pending.result(), None
-                if chunk is None:
-                    break
+            pending = asyncio.ensure_future(anext(chunks, None))
+            while not (await asyncio.wait({pending}, timeout=PING_S))[0]:
+                yield _PING
+            chunk, pending = pending.result(), None
+            while chunk is not None:
                 for kind, data in events.feed(chunk):
                     yield _event(kind, data)
                 if events.failed:
                     return
+                chunk = await anext(chunks, None)
             for kind, data in events.close():
                 yield _event(kind, data)
         finally:  # a client gone, an engine failure: the chat stream discards its requests

@@ -186,55 +186,52 @@ def input_messages(items, where: str = "input") -> list[dict]:
     if len(items) > MAX_MESSAGES:  # before any is translated
         raise APIError(400, f"{where} may hold at most {MAX_MESSAGES} items, got {len(items)}", "input")
     messages: list[dict] = []
-    reasoning: list[str] = []  # reasoning items waiting for the assistant turn they precede
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise APIError(400, f"{at} must be an object", "input")
         kind = item.get("type", "message")
+        last = messages[-1] if messages else None
+        # reasoning opens an assistant turn (vLLM's reading) that the answer after it, text or
+        # calls, completes; with none after it, it stays a turn of its own
+        thought = last is not None and _reasoning_only(last)
         if kind == "reasoning":
-            reasoning.append(_reasoning_text(item, at))
-            continue
-        if reasoning and not _assistant_turn(item):  # reasoning with no answer: a turn of its own
-            messages.append({"role": "assistant", "content": None, "reasoning_content": "\n".join(reasoning)})
-            reasoning = []
-        if kind == "message":
+            text = _reasoning_text(item, at)
+            if thought:
+                last["reasoning_content"] += "\n" + text
+            else:
+                messages.append({"role": "assistant", "content": None, "reasoning_content": text})
+        elif kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
                 raise APIError(400, f"{at}: role must be one of {', '.join(INPUT_ROLES)}", "input")
-            messages.append({"role": role, "content": _text(item.get("content"), at)})
-            if role == "assistant" and reasoning:
-                messages[-1]["reasoning_content"] = "\n".join(reasoning)
-                reasoning = []
+            if role == "assistant" and thought:
+                last["content"] = _text(item.get("content"), at)
+            else:
+                messages.append({"role": role, "content": _text(item.get("content"), at)})
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", at), "type": "function",
                     "function": {"name": _string(item, "name", at),
                                  "arguments": _string(item, "arguments", at)}}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and not reasoning:
+            if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # one assistant turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                if reasoning:
-                    messages[-1]["reasoning_content"] = "\n".join(reasoning)
-                    reasoning = []
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
                              "content": _text(item.get("output"), at)})
         else:
             raise APIError(400, f"{at}: input item type {brief(kind)} is not supported; only message, "
                            "reasoning, function_call and function_call_output items are", "input")
-    if not messages:
+    if all(_reasoning_only(m) for m in messages):
         raise APIError(400, f"{where} holds no message: reasoning items alone are no conversation", "input")
-    if reasoning:
-        messages.append({"role": "assistant", "content": None, "reasoning_content": "\n".join(reasoning)})
     return messages
 
 
-def _assistant_turn(item: dict) -> bool:
-    """An item that is (or opens) an assistant turn, which takes the reasoning before it."""
-    kind = item.get("type", "message")
-    return kind == "function_call" or (kind == "message" and item.get("role") == "assistant")
+def _reasoning_only(message: dict) -> bool:
+    """An assistant turn of reasoning that no answer has completed yet."""
+    return (message["role"] == "assistant" and message.get("reasoning_content") is not None
+            and message.get("content") is None and not message.get("tool_calls"))
 
 
 def _reasoning_text(item: dict, at: str) -> str:
@@ -313,12 +310,13 @@ def chat_tool_choice(choice, has_tools: bool):
     if choice is None or (choice == "auto" and not has_tools):
         return None  # "auto" without tools asks for nothing
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        # the chat form, which the chat path reads (and checks): {"type": "function", "name"}
-        # entries become {"type": "function", "function": {"name"}}
-        entries = [{"type": t.get("type"), "function": {"name": t.get("name")}} if isinstance(t, dict) else t
-                   for t in choice.get("tools") or []] if isinstance(choice.get("tools"), list) else choice.get("tools")
-        spec = {key: choice[key] for key in choice if key != "type"}
-        return {"type": "allowed_tools", "allowed_tools": {**spec, "tools": entries}}
+        # the chat form, which the chat path reads and checks: {"type": "function", "name"}
+        # entries become {"type": "function", "function": {"name"}}; anything else goes as it is
+        spec = {key: value for key, value in choice.items() if key != "type"}
+        if isinstance(spec.get("tools"), list):
+            spec["tools"] = [{"type": t.get("type"), "function": {"name": t.get("name")}}
+                             if isinstance(t, dict) else t for t in spec["tools"]]
+        return {"type": "allowed_tools", "allowed_tools": spec}
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
