@@ -14,6 +14,7 @@ from __future__ import annotations
 from pyserve.server.anthropic.request import REFUSED as ANTHROPIC_REFUSED
 from pyserve.server.openai.messages import REASONING_EFFORTS
 from pyserve.server.openai.responses.translate import INCLUDES as RESPONSES_INCLUDES
+from pyserve.server.openai.responses.translate import SUMMARIES
 from pyserve.server.request_limits import MAX_N, MAX_STOP, MAX_STOP_CHARS
 
 INT64 = {"type": "integer", "minimum": -2**63, "maximum": 2**63 - 1}
@@ -277,6 +278,7 @@ def _responses(facts) -> dict:
                      obj({"type": {"const": "json_schema"}, "name": STRING,
                           "schema": {"type": "object"}, "strict": nullable(BOOL)},
                          ("type", "schema"))]}
+    summary = {"enum": list(SUMMARIES)}
     sampling = _sampling(facts)
     passed = {k: sampling[k] for k in ("top_k", "repetition_penalty", "seed", "stop", "ignore_eos",
                                        "structured_outputs", "skip_special_tokens",
@@ -295,10 +297,10 @@ def _responses(facts) -> dict:
         "include": nullable({"type": "array", "items": {"enum": list(RESPONSES_INCLUDES)}}),
         **passed, "metadata": nullable({"type": "object"}), "user": nullable(STRING),
         "service_tier": nullable(STRING), "safety_identifier": nullable(STRING),
-        "prompt_cache_key": nullable(STRING), "truncation": nullable({"const": "disabled"}),
+        "prompt_cache_key": nullable(STRING), "truncation": nullable({"enum": ["auto", "disabled"]}),
         "background": nullable(BOOL), "top_logprobs": nullable(_int(0, 20)),
         "reasoning": nullable(obj({"effort": nullable({"enum": list(REASONING_EFFORTS)}),
-                                   "summary": {"type": "null"}, "generate_summary": {"type": "null"}},
+                                   "summary": nullable(summary), "generate_summary": nullable(summary)},
                                   extra=False))},
         ("input",),
         # background needs store (null is true)

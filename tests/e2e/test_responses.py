@@ -278,12 +278,29 @@ def test_delete_then_get_is_404(client):
         client.responses.delete(r.id)
 
 
+def test_truncation_auto_drops_the_oldest_exchanges(client):
+    items = [{"role": "user", "content": "word " * 9000}, {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": "What is the capital of France?"}]
+    with pytest.raises(openai.BadRequestError) as info:  # truncation "disabled", the default
+        ask(client, input=items)
+    assert info.value.body["param"] == "input"
+    r = ask(client, input=items, truncation="auto", extra_body=scripted(PARIS))
+    assert r.status == "completed" and r.output_text == PARIS and r.truncation == "auto"
+    alone = ask(client, input=items[2:], extra_body=scripted(PARIS))
+    assert r.usage.input_tokens == alone.usage.input_tokens  # what was left: the last question
+    # the stored conversation is whole; a later turn is cut again, by the same rule
+    later = ask(client, input="And of Italy?", previous_response_id=r.id, truncation="auto")
+    assert later.status in ("completed", "incomplete") and later.usage.input_tokens > alone.usage.input_tokens
+    with pytest.raises(openai.BadRequestError):  # the last exchange alone is not cut
+        ask(client, input=items[:1], truncation="auto")
+
+
 @pytest.mark.parametrize("kw,status,param", [
     (dict(tools=[{"type": "web_search"}]), 400, "tools"),
     (dict(previous_response_id="resp_does_not_exist"), 404, "previous_response_id"),
     (dict(reasoning={"effort": "extreme"}), 400, "reasoning"),  # the chat path's check
-    (dict(reasoning={"effort": "low", "summary": "auto"}), 400, "reasoning"),
-    (dict(truncation="auto"), 400, "truncation"),
+    (dict(reasoning={"effort": "low", "summary": "brief"}), 400, "reasoning"),
+    (dict(extra_body={"truncation": "middle"}), 400, "truncation"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]),
      400, "input"),
     (dict(model="no-such-model"), 404, "model"),
@@ -453,3 +470,13 @@ def test_reasoning_comes_back_as_a_reasoning_item(hermes):
     # the next turn, from the stored one, is read with the reasoning as the turn's own
     again = hermes.responses.create(**{**kw, "input": "And 1 + 1?", "previous_response_id": r.id})
     assert again.status == "completed" and again.output_text == "It is 42."
+    # a summary asked for is the whole reasoning, whole and streamed (the SDK's stream helper
+    # accumulates the summary events into the item too)
+    summarized = {**kw, "reasoning": {"effort": "low", "summary": "auto"}}
+    r = hermes.responses.create(**summarized)
+    assert [p.text for p in r.output[0].summary] == ["Twelve and thirty."] and r.reasoning.summary == "auto"
+    with hermes.responses.stream(**summarized) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.reasoning_summary_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == "Twelve and thirty." == final.output[0].summary[0].text
+    assert final.output[0].content[0].text == "Twelve and thirty."

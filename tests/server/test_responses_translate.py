@@ -16,7 +16,7 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request
 from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
-from pyserve.server.openai.messages import with_allowed_tools
+from pyserve.server.openai.messages import with_allowed_tools, without_oldest_turn
 from pyserve.server.openai.responses.translate import chat_body, input_messages, with_answer
 from pyserve.server.openai.streaming import ChunkStream
 
@@ -33,6 +33,22 @@ def refused(body, status=400):
 
 
 # -- requests -> chat bodies ------------------------------------------------------------------
+def test_truncation_drops_the_oldest_exchange_whole():
+    system = {"role": "system", "content": "S"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
+    result = {"role": "tool", "content": "42", "tool_call_id": "c1"}
+    first, later = {"role": "user", "content": "Q1"}, {"role": "user", "content": "Q2"}
+    answer = {"role": "assistant", "content": "A2"}
+    conversation = [system, first, call, result, later, answer, {"role": "user", "content": "Q3"}]
+    shorter = without_oldest_turn(conversation)
+    assert shorter == [system, later, answer, conversation[-1]]  # no tool result loses its call
+    assert without_oldest_turn(shorter) == [system, conversation[-1]]
+    assert without_oldest_turn([system, conversation[-1]]) is None  # the last exchange stays
+    assert without_oldest_turn([first, call, result]) is None
+    # a conversation that opens with the assistant loses everything before its first user turn
+    assert without_oldest_turn([answer, first, call]) == [first, call]
+
+
 def test_a_string_input_with_instructions_and_sampling_fields():
     chat, conversation = chat_body({"model": "m", "input": "Hi", "instructions": "Be brief.",
                                     "max_output_tokens": 12, "temperature": 0.5, "top_p": 0.9,
@@ -172,7 +188,7 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
 @pytest.mark.parametrize("body,param,words", [
     ({"input": "x", "tools": [{"type": "web_search"}, ADD, {"type": "file_search"}]}, "tools",
      "web_search, file_search"),
-    ({"input": "x", "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning", "summary"),
+    ({"input": "x", "reasoning": {"effort": "low", "summary": "brief"}}, "reasoning", "summary"),
     ({"input": "x", "reasoning": {"budget": 5}}, "reasoning", "budget"),
     ({"input": "x", "reasoning": "low"}, "reasoning", "object"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs", "20"),
@@ -181,7 +197,7 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
     ({"input": "x", "enable_response_messages": True}, "enable_response_messages", "enable"),
     ({"input": "x", "previous_input_messages": [{"role": "user", "content": "a"}]},
      "previous_input_messages", "previous"),
-    ({"input": "x", "truncation": "auto"}, "truncation", "truncation"),
+    ({"input": "x", "truncation": "middle"}, "truncation", "auto"),
     ({"input": "x", "background": True, "store": False}, "background", "store"),  # vLLM's words
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}, "tools": [ADD]}, "tool_choice",
      "web_search_preview"),
@@ -358,6 +374,7 @@ def test_reasoning_is_a_reasoning_item_whole_and_streamed():
     assert parsed[6].text == "Think." and parsed[7].part.type == "reasoning_text"
     final = parsed[-1].response
     assert [o.type for o in final.output] == ["reasoning", "message"] and final.output_text == "Answer."
+
     assert final.output[0].content[0].text == "Think." == whole["output"][0]["content"][0]["text"]
     # the stored conversation carries it on as the assistant turn's reasoning_content
     assert input_messages(done[0]["output"], "output") == [
@@ -372,6 +389,39 @@ def test_reasoning_is_a_reasoning_item_whole_and_streamed():
     joined = with_answer([{"role": "assistant", "content": "One,", "reasoning_content": "Count."}],
                          done[0]["output"], True)
     assert joined == [{"role": "assistant", "content": "One,A", "reasoning_content": "Count.\nHm."}]
+
+@pytest.mark.parametrize("reasoning", [{"effort": "low", "summary": "auto"}, {"generate_summary": "concise"}])
+def test_a_summary_asked_for_is_the_whole_reasoning_whole_and_streamed(reasoning):
+    asked = reasoning.get("summary") or reasoning.get("generate_summary")
+    whole = sdk.Response.model_validate(turn(reasoning=reasoning).from_completion(
+        completion({"reasoning": "Think.", "content": "Answer."})))
+    item = whole.output[0]
+    assert [(p.type, p.text) for p in item.summary] == [("summary_text", "Think.")]
+    assert item.content[0].text == "Think." and whole.reasoning.summary == asked
+    events, _ = run_events(turn(reasoning=reasoning), [
+        chunk({"role": "assistant", "content": ""}), chunk({"reasoning": "Thi"}),
+        chunk({"reasoning": "nk."}), chunk({"content": "Answer."}, "stop")])
+    parsed = [EVENT.validate_python(e) for e in events]
+    assert [e.type for e in parsed][2:12] == [
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+        "response.reasoning_text.done", "response.content_part.done",
+        "response.reasoning_summary_text.done"]
+    assert parsed[2].item.summary == [] and parsed[4].summary_index == 0
+    assert "".join(e.delta for e in parsed if e.type == "response.reasoning_summary_text.delta") == "Think."
+    assert parsed[12].type == "response.reasoning_summary_part.done" and parsed[12].part.text == "Think."
+    assert parsed[13].type == "response.output_item.done" and parsed[13].item.summary[0].text == "Think."
+    assert parsed[-1].response.output[0].summary[0].text == "Think."
+    # without a summary asked for, none is given (the item's content has the reasoning)
+    plain = turn(reasoning={"effort": "low"}).from_completion(completion({"reasoning": "T.", "content": "A."}))
+    assert plain["output"][0]["summary"] == [] and plain["reasoning"] == {"effort": "low", "summary": None}
+
+
+def test_truncation_is_echoed():
+    assert turn(truncation="auto").from_completion(completion({"content": "A."}))["truncation"] == "auto"
+    assert turn().from_completion(completion({"content": "A."}))["truncation"] == "disabled"
 
 
 def test_streamed_length_and_empty_and_failure():
@@ -437,7 +487,7 @@ class FakeServing:
         self.check_model(body.get("model"))
         return body
 
-    async def chat_result(self, request, body, fit_max_tokens=False):
+    async def chat_result(self, request, body, fit_max_tokens=False, drop_old_turns=False):
         self.bodies.append(body)
         if body.get("max_tokens") == 99:
             raise APIError(400, "too long", "max_tokens")
@@ -619,7 +669,7 @@ def test_a_background_run_that_breaks_fails_with_a_terminal_event_and_leaves_the
         yield chunk({"role": "assistant", "content": ""})
         raise RuntimeError("boom")
 
-    async def chat_result(request, body, fit_max_tokens=False):
+    async def chat_result(request, body, fit_max_tokens=False, drop_old_turns=False):
         return broken_chunks()
 
     serving.chat_result = chat_result

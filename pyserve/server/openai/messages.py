@@ -72,6 +72,19 @@ def template_messages(body: dict) -> list[dict]:
     return cleaned
 
 
+def without_oldest_turn(messages: list[dict]) -> list[dict] | None:
+    """The conversation without its oldest exchange: the leading system messages stay, and
+    everything after them up to the next user message goes (a user turn with the answer,
+    tool calls and tool results that followed it, so no tool result loses its call). None
+    when no user message follows the first: the last exchange is not cut."""
+    start = 0
+    while start < len(messages) and messages[start]["role"] == "system":
+        start += 1
+    following = next((i for i in range(start + 1, len(messages)) if messages[i]["role"] == "user"),
+                     None)
+    return None if following is None else messages[:start] + messages[following:]
+
+
 # the text of a content part, by its type (as vLLM reads them): text, and the Responses API's
 # input_text / output_text parts a bridge may pass on, and an assistant's refusal
 _TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}

@@ -23,7 +23,8 @@ from pyserve.server.openai.chat_output import ChoiceOutput
 from pyserve.server.openai.fields import check_fields
 from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import (load_template, template_documents, template_kwargs,
-                                            template_messages, tool_mode, with_allowed_tools)
+                                            template_messages, tool_mode, with_allowed_tools,
+                                            without_oldest_turn)
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
@@ -202,9 +203,12 @@ class OpenAIServing:
         return out
 
     async def _chat_prompt(self, body: dict, tools: list | None, max_tokens: int | None = None,
-                           off_loop: bool = False) -> list[int]:
+                           off_loop: bool = False, drop_old_turns: bool = False) -> list[int]:
         """The conversation rendered and tokenized; off the event loop when it is long, or
-        when off_loop asks (a caller rendering many small ones in a row)."""
+        when off_loop asks (a caller rendering many small ones in a row). drop_old_turns (the
+        Responses API's truncation "auto"): while the prompt leaves no room to generate in the
+        model length, its oldest exchange is dropped (without_oldest_turn), as long as one
+        user turn remains."""
         cleaned = template_messages(body)
         kwargs = template_kwargs(body)
         own = field(body, "chat_template", str)
@@ -227,15 +231,20 @@ class OpenAIServing:
             kwargs["documents"] = documents
         add_special = field(body, "add_special_tokens", bool, False)
 
-        def render() -> list[int]:
-            return apply_chat_template(self.tokenizer, cleaned, add_generation_prompt,
+        def render(messages: list[dict]) -> list[int]:
+            return apply_chat_template(self.tokenizer, messages, add_generation_prompt,
                                        chat_template=template, add_special_tokens=add_special,
                                        **kwargs)
         try:
             if not off_loop and sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
-                ids = render()
+                ids = render(cleaned)
             else:
-                ids = await asyncio.get_running_loop().run_in_executor(None, render)
+                ids = await asyncio.get_running_loop().run_in_executor(None, render, cleaned)
+            while drop_old_turns and len(ids) >= self.engine.max_model_len:
+                cleaned = without_oldest_turn(cleaned)
+                if cleaned is None:
+                    break  # the last exchange alone does not fit: the caller's 400
+                ids = await asyncio.get_running_loop().run_in_executor(None, render, cleaned)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
         cut = self._truncation(body, max_tokens)
@@ -305,12 +314,13 @@ class OpenAIServing:
         return await self.chat_result(request, self.parse_body(request), as_data=False)
 
     async def chat_result(self, request: Request, body: dict, as_data: bool = True,
-                          fit_max_tokens: bool = False):
+                          fit_max_tokens: bool = False, drop_old_turns: bool = False):
         """A chat request's answer. as_data: the response as a dict, or (stream true) an async
         iterator of chunk dicts, which other APIs (Anthropic's, Responses) translate; the
         caller must exhaust or aclose() it. Else the HTTP response. fit_max_tokens: max_tokens
         is capped at the room the prompt leaves in the model length (vLLM's Responses reads
-        max_output_tokens so), where chat refuses a request that asks for more."""
+        max_output_tokens so), where chat refuses a request that asks for more. drop_old_turns:
+        a conversation too long for the model loses its oldest exchanges (_chat_prompt)."""
         stream = field(body, "stream", bool, False)
         check_fields(body, "chat")
         check_unsupported(body, stream)
@@ -329,7 +339,7 @@ class OpenAIServing:
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
         params = beam_search_params(body, await self._constrained(body, params, forced))
         requested = requested_max_tokens(body, chat=True)
-        prompt = await self._chat_prompt(body, tools, requested)
+        prompt = await self._chat_prompt(body, tools, requested, drop_old_turns=drop_old_turns)
         if fit_max_tokens or requested is None:  # vLLM caps a limit the client did not set
             params = self._fitted(params, len(prompt), refuse=fit_max_tokens)
         # vLLM: the response speaks as --response-role after a generation prompt, else it

@@ -44,7 +44,8 @@ class ResponsesAPI:
         keep = field(body, "store", bool, True)
         turn = Turn(body, self.serving.defaults, self.serving.model_name)
         try:
-            result = await self.serving.chat_result(request, chat, fit_max_tokens=True)
+            result = await self.serving.chat_result(request, chat, fit_max_tokens=True,
+                                                    drop_old_turns=body.get("truncation") == "auto")
         except APIError as exc:  # name the Responses field, not the chat field it became
             raise APIError(exc.status, exc.message, PARAMS.get(exc.param, exc.param),
                            exc.headers) from None

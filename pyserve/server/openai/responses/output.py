@@ -1,14 +1,18 @@
 """The chat path's answer -> a Responses response object, whole or as its stream of events.
 
 A chat message becomes output items: its reasoning (with --reasoning-parser) a reasoning item
-first (one reasoning_text part, no summary), its content a message item (one output_text
+first (one reasoning_text part; when reasoning.summary asks for a summary, the same text as its
+one summary_text part too: there is no summarizer, and the whole reasoning is the most detailed
+summary of itself), its content a message item (one output_text
 part), each tool call a function_call item (call_id the chat call's id). finish_reason "length" makes the
 response "incomplete" (reason max_output_tokens) and its last item too (every item, when it
 was cut while reasoning). Streams follow
 OpenAI's order: response.created, response.in_progress, then per item output_item.added,
 (content_part.added, output_text.delta..., output_text.done, content_part.done), or for
 reasoning (content_part.added, reasoning_text.delta..., reasoning_text.done,
-content_part.done), or
+content_part.done; with a summary, reasoning_summary_part.added after content_part.added, a
+reasoning_summary_text.delta after each reasoning_text.delta, reasoning_summary_text.done and
+reasoning_summary_part.done last), or
 (function_call_arguments.delta..., function_call_arguments.done), output_item.done, and last
 response.completed with the whole response, whose status may be "incomplete" (vLLM's
 terminal event; OpenAI sends response.incomplete then, which the openai SDK's stream helper
@@ -48,9 +52,14 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
             "content": [text_part(text, logprobs)]}
 
 
-def reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
-    return {"type": "reasoning", "id": item_id or _id("rs_"), "status": status, "summary": [],
-            "content": [reasoning_part(text)]}
+def reasoning_item(text: str, status: str = "completed", item_id: str | None = None,
+                   summarized: bool = False) -> dict:
+    return {"type": "reasoning", "id": item_id or _id("rs_"), "status": status,
+            "summary": [summary_part(text)] if summarized else [], "content": [reasoning_part(text)]}
+
+
+def summary_part(text: str) -> dict:
+    return {"type": "summary_text", "text": text}
 
 
 def reasoning_part(text: str) -> dict:
@@ -89,10 +98,11 @@ UNREAD = object()  # Turn.events' first: no chunk read yet
 
 def _reasoning_echo(reasoning) -> dict | None:
     """The request's reasoning settings as the response echoes them (effort applied as the
-    chat template's reasoning_effort; no summaries here)."""
+    chat template's reasoning_effort; summary, or its older name generate_summary)."""
     if not isinstance(reasoning, dict):
         return None
-    return {"effort": reasoning.get("effort"), "summary": None}
+    return {"effort": reasoning.get("effort"),
+            "summary": reasoning.get("summary") or reasoning.get("generate_summary")}
 
 
 class Turn:
@@ -103,6 +113,8 @@ class Turn:
         self.created_at = int(time.time())
         # the answer continues the input's last (incomplete) assistant message
         self.continues = continues_last_message(body.get("input"))
+        echo = _reasoning_echo(body.get("reasoning"))
+        self.summarized = echo is not None and echo["summary"] is not None
         choice = body.get("tool_choice")
         text = dict(body.get("text") or {})
         if text.get("format") is None:  # OpenAI's echo names the plain format
@@ -113,13 +125,14 @@ class Turn:
             "metadata": body.get("metadata") or {},
             "parallel_tool_calls": field(body, "parallel_tool_calls", bool, True),
             "previous_response_id": body.get("previous_response_id"),
-            "reasoning": _reasoning_echo(body.get("reasoning")), "store": field(body, "store", bool, True),
+            "reasoning": echo, "store": field(body, "store", bool, True),
             # the effective values: the request's, else the model's generation defaults
             "temperature": field(body, "temperature", float, defaults.get("temperature", 1.0)),
             "top_p": field(body, "top_p", float, defaults.get("top_p", 1.0)),
             "text": text,
             "tool_choice": choice if choice is not None else "auto",
-            "tools": body.get("tools") or [], "truncation": "disabled",
+            "tools": body.get("tools") or [],
+            "truncation": body.get("truncation") or "disabled",
             "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
             "prompt_cache_key": body.get("prompt_cache_key"),
             "service_tier": body.get("service_tier") or "auto",  # vLLM's echo (it has one tier)
@@ -138,7 +151,8 @@ class Turn:
     def from_completion(self, completion: dict) -> dict:
         choice = completion["choices"][0]
         message = choice["message"]
-        output = [reasoning_item(message["reasoning"])] if message.get("reasoning") else []
+        output = ([reasoning_item(message["reasoning"], summarized=self.summarized)]
+                  if message.get("reasoning") else [])
         output += ([message_item(message["content"], logprobs=chat_logprobs(choice))]
                    if message.get("content") else [])
         output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
@@ -156,7 +170,7 @@ class Turn:
         """The stream's events from the chat chunks (first: the one already read, None if
         there were none, or UNREAD: read after the opening events, which then go out before
         the prefill); the final response is appended to done."""
-        stream = _Events()
+        stream = _Events(self.summarized)
         yield stream.event("response.created", response=self.response("in_progress", []))
         yield stream.event("response.in_progress", response=self.response("in_progress", []))
         chunk = await anext(chunks, None) if first is UNREAD else first
@@ -182,7 +196,8 @@ class Turn:
 class _Events:
     """The state of one stream: its items so far, the open one, the chat calls' items."""
 
-    def __init__(self):
+    def __init__(self, summarized: bool):
+        self.summarized = summarized  # reasoning items carry their text as a summary too
         self.sequence = 0
         self.items: list[dict] = []
         self.open: int | None = None  # output index of the item still receiving deltas
@@ -210,10 +225,18 @@ class _Events:
             if delta.get("reasoning"):
                 if self.open is None or self.items[self.open]["type"] != "reasoning":
                     events += self.close(None)
-                    events += self._add(reasoning_item("", "in_progress"))
+                    events += self._add(reasoning_item("", "in_progress", summarized=self.summarized))
                     events.append(self._at("response.content_part.added", part=reasoning_part("")))
-                self.items[self.open]["content"][0]["text"] += delta["reasoning"]
+                    if self.summarized:
+                        events.append(self._summary("response.reasoning_summary_part.added",
+                                                    part=summary_part("")))
+                item = self.items[self.open]
+                item["content"][0]["text"] += delta["reasoning"]
                 events.append(self._at("response.reasoning_text.delta", delta=delta["reasoning"]))
+                if self.summarized:
+                    item["summary"][0]["text"] += delta["reasoning"]
+                    events.append(self._summary("response.reasoning_summary_text.delta",
+                                                delta=delta["reasoning"]))
                 if not delta.get("content"):  # the reasoning's tokens are no answer's logprobs
                     self.pending_logprobs = []
             if delta.get("content"):
@@ -246,12 +269,17 @@ class _Events:
         self.items.append(item)
         self.open = len(self.items) - 1
         return [self.event("response.output_item.added", output_index=self.open,
-                           item={**item, "content": []} if "content" in item else dict(item))]
+                           item={**item, **{key: [] for key in ("content", "summary") if key in item}})]
 
     def _at(self, kind: str, **fields) -> dict:
         """An event of the open item's content part (a message's text, a reasoning's text)."""
         return self.event(kind, item_id=self.items[self.open]["id"], output_index=self.open,
                           content_index=0, **fields)
+
+    def _summary(self, kind: str, **fields) -> dict:
+        """An event of the open reasoning item's one summary part."""
+        return self.event(kind, item_id=self.items[self.open]["id"], output_index=self.open,
+                          summary_index=0, **fields)
 
     def close(self, finish: str | None, last: bool = False) -> list[dict]:
         """Ends the open item (finish "length" or "error" marks it incomplete); at the end (last) of a
@@ -269,6 +297,10 @@ class _Events:
             text = item["content"][0]["text"]
             events.append(self._at("response.reasoning_text.done", text=text))
             events.append(self._at("response.content_part.done", part=reasoning_part(text)))
+            if self.summarized:
+                events.append(self._summary("response.reasoning_summary_text.done", text=text))
+                events.append(self._summary("response.reasoning_summary_part.done",
+                                            part=summary_part(text)))
         elif item["type"] == "message":
             item["content"][0]["logprobs"] += self.pending_logprobs
             self.pending_logprobs = []

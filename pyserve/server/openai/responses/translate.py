@@ -25,8 +25,10 @@ messages (for the prompt, and for the store that later turns build on).
     text.format                     response_format: json_schema {name, schema, strict},
                                     json_object, or nothing for text
     parallel_tool_calls             the same
-    reasoning {"effort"}            reasoning_effort (the chat template's variable); a summary
-                                    is a 400 (no reasoning summaries here)
+    reasoning {"effort", "summary"} reasoning_effort (the chat template's variable); a summary
+                                    asked for is the whole reasoning (output.py: no summarizer)
+    truncation                      "auto": a conversation too long for the model loses its
+                                    oldest exchanges (serving._chat_prompt)
     stream                          stream, with stream_options.include_usage
     background                      the same stream (background.py reads it in a task); it
                                     needs store (vLLM's 400 otherwise)
@@ -36,8 +38,7 @@ structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias,
 request_id) pass through to the chat path, which reads them as it does on chat. Fields vLLM's
 request does not know are ignored with a warning naming them in the log, as on the chat route
 and in vLLM (whose request model allows extra fields). OpenAI fields pyserve does not implement
-are a 400 naming the field: hosted tools, truncation "auto", and the rest of
-OpenAI's stateful features."""
+are a 400 naming the field: hosted tools, and the rest of OpenAI's stateful features."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ from pyserve.server.values import brief, capped, field, log_ignored_fields
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
                "tool_choice", "text", "stream", "store", "previous_response_id",
-               "parallel_tool_calls", "include", "background", "reasoning", "top_logprobs"}
+               "parallel_tool_calls", "include", "background", "reasoning", "top_logprobs",
+               "truncation"}
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
@@ -61,11 +63,13 @@ PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "
 NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
              "stream_options", "background_options", "image", "access_programs",
              "prompt_cache_options", "prompt_cache_retention"}
+TRUNCATIONS = ("auto", "disabled")
+# what reasoning.summary (or its older name, generate_summary) may ask for
+SUMMARIES = ("auto", "concise", "detailed")
 # OpenAI's service tiers (vLLM's Responses request takes these)
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
-REFUSED_UNLESS_DEFAULT = {"truncation": "disabled",
-                          "max_tool_calls": None, "prompt": None, "conversation": None,
+REFUSED_UNLESS_DEFAULT = {"max_tool_calls": None, "prompt": None, "conversation": None,
                           "context_management": None,
                           "moderation": None,  # no moderation model here
                           # vLLM's ResponsesRequest fields pyserve does not implement
@@ -98,6 +102,9 @@ def check_fields(body: dict) -> None:
     unknown = set(body) - known
     log_ignored_fields(unknown)
     _check_reasoning(body.get("reasoning"))
+    if body.get("truncation") not in (None, *TRUNCATIONS):
+        raise APIError(400, f"truncation must be \"auto\" or \"disabled\", got "
+                       f"{brief(body['truncation'])}", "truncation")
     for name, default in REFUSED_UNLESS_DEFAULT.items():
         if body.get(name) not in (None, default):
             raise APIError(400, f"{name} is not supported by this server"
@@ -355,8 +362,8 @@ def response_format(text) -> dict | None:
 
 
 def _check_reasoning(reasoning) -> None:
-    """reasoning {"effort"}: the chat path's reasoning_effort (a template variable); a summary
-    asks for output pyserve does not produce."""
+    """reasoning {"effort"}: the chat path's reasoning_effort (a template variable); summary
+    (or generate_summary): one of SUMMARIES."""
     if reasoning is None:
         return
     if not isinstance(reasoning, dict):
@@ -364,9 +371,9 @@ def _check_reasoning(reasoning) -> None:
     for key, value in reasoning.items():
         if key not in ("effort", "summary", "generate_summary"):
             raise APIError(400, f"reasoning.{brief(key)} is not a reasoning field", "reasoning")
-        if key != "effort" and value is not None:
-            raise APIError(400, f"reasoning.{key} is not supported by this server (no reasoning "
-                           "summaries)", "reasoning")
+        if key != "effort" and value not in (None, *SUMMARIES):
+            raise APIError(400, f"reasoning.{key} must be one of {', '.join(SUMMARIES)}, got "
+                           f"{brief(value)}", "reasoning")
 
 
 def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
