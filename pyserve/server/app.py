@@ -165,6 +165,10 @@ def _build_routes(state: ServerState, engine) -> Router:
         router.add("POST", path, scores.score)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         router.add("POST", path, scores.rerank)
+    from pyserve.server.openai.cohere_embed import CohereEmbed, read_prompts
+
+    # Cohere's Embed v2, as vLLM serves it; its input types read the model's prompts
+    router.add("POST", "/v2/embed", CohereEmbed(embedding, read_prompts(engine.model_path)).embed)
     from pyserve.server.anthropic import AnthropicServing
 
     anthropic = AnthropicServing(serving)  # Anthropic's Messages API, onto the chat path

@@ -93,6 +93,8 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     **{("POST", path): _op("vLLM's reranking: documents by the cosine of their embeddings with "
                            "the query's", "vllm", "RerankList", "RerankRequest", errors=_ADMITTED)
        for path in ("/rerank", "/v1/rerank", "/v2/rerank")},
+    ("POST", "/v2/embed"): _op("Cohere's Embed v2 API (vLLM's): texts' embeddings by type", "vllm",
+                               "CohereEmbedList", "CohereEmbedRequest", errors=_ADMITTED),
     ("POST", "/tokenize"): _op("A prompt or chat as the model's token ids", "vllm", "Tokenized",
                                "TokenizeRequest", errors=_BODY),
     ("POST", "/detokenize"): _op("Token ids as text", "vllm", "Detokenized", "DetokenizeRequest",

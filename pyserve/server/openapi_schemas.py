@@ -12,6 +12,8 @@ Request objects allow properties beyond the listed ones where the route logs and
 from __future__ import annotations
 
 from pyserve.server.anthropic.request import REFUSED as ANTHROPIC_REFUSED
+from pyserve.server.openai.cohere_embed import EMBEDDING_TYPES as COHERE_EMBEDDING_TYPES
+from pyserve.server.openai.cohere_embed import TRUNCATES as COHERE_TRUNCATES
 from pyserve.server.openai.messages import REASONING_EFFORTS
 from pyserve.server.openai.responses.translate import INCLUDES as RESPONSES_INCLUDES
 from pyserve.server.openai.responses.translate import SUMMARIES
@@ -194,7 +196,22 @@ def _scoring(facts) -> dict:
                              "encoding_format": nullable({"const": "float"})}, ("text_1", "text_2")),
         "RerankRequest": obj({**shared, "query": text, "documents": {
             "type": "array", "minItems": 1, "items": {"anyOf": [text, obj({"text": text}, ("text",))]}},
-            "top_n": nullable(_int(0)), "return_documents": nullable(BOOL)}, ("query", "documents"))}
+            "top_n": nullable(_int(0)), "return_documents": nullable(BOOL)}, ("query", "documents")),
+        # server/openai/cohere_embed.py
+        "CohereEmbedRequest": obj({
+            "model": _model(facts), "input_type": nullable(STRING), "images": {"type": "null"},
+            "texts": {"type": "array", "items": STRING, "minItems": 1, "maxItems": 2048},
+            "inputs": {"type": "array", "minItems": 1, "maxItems": 2048, "items": obj({"content": {
+                "type": "array", "minItems": 1, "items": obj({"type": {"const": "text"}, "text": STRING},
+                                                             ("type", "text"))}}, ("content",))},
+            "output_dimension": nullable(_int(1)),
+            "embedding_types": nullable({"type": "array", "minItems": 1,
+                                         "items": {"enum": list(COHERE_EMBEDDING_TYPES)}}),
+            "truncate": nullable({"enum": list(COHERE_TRUNCATES)}), "max_tokens": nullable(_int(1)),
+            "priority": nullable(INT64), "request_id": nullable(STRING)},
+            # texts or inputs, not both
+            oneOf=[{"required": ["texts"], "not": {"required": ["inputs"]}},
+                   {"required": ["inputs"], "not": {"required": ["texts"]}}])}
 
 
 def _embedding(facts) -> dict:
@@ -346,6 +363,10 @@ def _responses_out() -> dict:
                                {"index": _int(0), "relevance_score": NUMBER,
                                 "document": nullable(obj({"text": STRING}, ("text",)))},
                                ("index", "relevance_score"))}}, ("results", "usage")),
+        "CohereEmbedList": obj({"id": STRING, "embeddings": {"type": "object"},
+                                "texts": {"type": "array", "items": STRING},
+                                "meta": obj({"api_version": obj({"version": STRING})})},
+                               ("id", "embeddings")),
         "Tokenized": obj({"count": _int(0), "max_model_len": _int(1),
                           "tokens": {"type": "array", "items": _int(0)},
                           "token_strs": nullable({"type": "array", "items": STRING})},

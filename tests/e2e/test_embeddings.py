@@ -182,6 +182,60 @@ def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
         assert status == 400 and err["error"]["param"] == param, (path, err)
 
 
+def test_cohere_embed_v2_through_the_cohere_sdk(server, client):
+    """/v2/embed (vLLM's Cohere route) through the cohere SDK: each embedding type is the
+    /v1/embeddings vector, encoded as Cohere encodes it; the default model has no prompts, so
+    Cohere's input types embed the bare text."""
+    import cohere
+
+    co = cohere.ClientV2(api_key=KEY, base_url=server.url)
+    out = co.embed(model=MODEL, texts=TEXTS, input_type="search_document",
+                   embedding_types=["float", "base64", "binary", "ubinary"])
+    want = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    floats = np.array(out.embeddings.float_)
+    assert np.array_equal(floats, vectors(want).numpy()) and out.texts == TEXTS
+    assert out.meta.billed_units.input_tokens == out.meta.tokens.input_tokens == want.usage.prompt_tokens
+    for row, encoded, ubinary, binary in zip(floats, out.embeddings.base64, out.embeddings.ubinary,
+                                             out.embeddings.binary):
+        assert np.array_equal(np.frombuffer(base64.b64decode(encoded), "<f4"), row)
+        bits = np.unpackbits(np.array(ubinary, dtype=np.uint8))  # the first dimension, the high bit
+        assert np.array_equal(bits, (row >= 0).astype(np.uint8)) and len(ubinary) == row.size // 8
+        assert [b + 128 for b in binary] == ubinary
+    # inputs: each a user turn, as /v1/embeddings' chat form renders it
+    turn = co.embed(model=MODEL, inputs=[{"content": [{"type": "text", "text": TEXTS[0]}]}],
+                    input_type="search_query", embedding_types=["float"])
+    chat = client.embeddings.create(model=MODEL, input=TEXTS[0], encoding_format="float", extra_body={
+        "messages": [{"role": "user", "content": TEXTS[0]}], "input": None})
+    assert np.allclose(turn.embeddings.float_[0], chat.data[0].embedding, atol=1e-6)
+    # truncate: END (the default) keeps the first tokens, START the last, NONE none
+    long = "The capital of France is Paris. " * 90  # beyond --max-model-len 512
+    end = co.embed(model=MODEL, texts=[long], input_type="clustering", embedding_types=["float"])
+    first = client.embeddings.create(model=MODEL, input=long, encoding_format="float", extra_body={
+        "truncate_prompt_tokens": 512, "truncation_side": "right"})
+    # (allclose: the second of two equal prompts reads the first's cached blocks, whose
+    # chunking sums in another order)
+    assert np.allclose(end.embeddings.float_[0], first.data[0].embedding, atol=1e-6)
+    assert end.meta.tokens.input_tokens == 512
+    start = co.embed(model=MODEL, texts=[long], input_type="clustering", embedding_types=["float"],
+                     truncate="START", max_tokens=100)
+    last = client.embeddings.create(model=MODEL, input=long, encoding_format="float",
+                                    extra_body={"truncate_prompt_tokens": 100})
+    assert np.allclose(start.embeddings.float_[0], last.data[0].embedding, atol=1e-6)
+    for kw, param in ((dict(truncate="NONE"), "texts"),
+                      (dict(truncate="NONE", max_tokens=5, texts=["word " * 20]), "max_tokens"),
+                      (dict(input_type="photo"), "input_type"), (dict(output_dimension=8), "output_dimension"),
+                      (dict(embedding_types=["int8"]), "embedding_types")):
+        with pytest.raises(cohere.errors.BadRequestError) as info:
+            co.embed(model=MODEL, **{"texts": [long], "input_type": "classification", **kw})
+        assert info.value.body["error"]["param"] == param, info.value.body
+    for body, param in (({"images": ["data:image/png;base64,AAAA"]}, "images"),
+                        ({"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "b"}]}]}, "inputs"),
+                        ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}, "inputs"),
+                        ({"texts": []}, "texts"), ({"texts": ["a"], "truncate": "MIDDLE"}, "truncate")):
+        status, err = post(server.url, "/v2/embed", {"model": MODEL, **body})
+        assert status == 400 and err["error"]["param"] == param, err
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client):
     long = "word " * 600  # beyond --max-model-len 512
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
@@ -237,8 +291,12 @@ def test_anthropic_routes_answer_errors_in_anthropics_shape(server):
 def bert_dir(tmp_path_factory):
     from make_tiny_bert import make_tiny_bert
 
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), "bert", pooling="mean",
-                          max_seq_length=64)
+    out = make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), "bert", pooling="mean",
+                         max_seq_length=64)
+    # prompts by input type, as E5-style models name them (no default one: encode adds none)
+    (out / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +317,22 @@ def test_bert_embeddings_equal_sentence_transformers(bert_server, bert_dir):
         assert F.cosine_similarity(row, ref, dim=0) > 1 - 1e-4
     assert client.models.list().data[0].supported_tasks == ["embed", "token_embed"]
     assert client.models.list().data[0].max_model_len == 64  # sentence-transformers' max_seq_length
+
+
+def test_cohere_input_types_take_the_models_prompts(bert_server):
+    import cohere
+
+    co = cohere.ClientV2(api_key="unused", base_url=bert_server.url)
+    client = openai.OpenAI(base_url=bert_server.url + "/v1", api_key="unused", max_retries=0)
+    for input_type, prefix in (("query", "query: "), ("search_query", "query: "),
+                               ("search_document", "passage: ")):
+        out = co.embed(model="tiny-bert", texts=TEXTS, input_type=input_type, embedding_types=["float"])
+        want = client.embeddings.create(model="tiny-bert", input=[prefix + t for t in TEXTS],
+                                        encoding_format="float")
+        assert np.allclose(out.embeddings.float_, vectors(want).numpy(), atol=1e-6) and out.texts == TEXTS
+    with pytest.raises(cohere.errors.BadRequestError) as info:
+        co.embed(model="tiny-bert", texts=TEXTS, input_type="classification", embedding_types=["float"])
+    assert "passage, query" in info.value.body["error"]["message"]
 
 
 def test_an_encoder_refuses_generation_and_over_long_inputs(bert_server):

@@ -197,7 +197,8 @@ class OpenAIServingEmbedding:
             for rid, _ in streams:
                 self.engine.discard(rid)
         return {"id": request_id, "pooled": pooled,
-                "prompt_tokens": sum(len(ids) for _, ids in inputs)}
+                "prompt_tokens": sum(len(ids) for _, ids in inputs),
+                "longest": max(len(ids) for _, ids in inputs)}
 
     async def _response(self, rows: dict, kind: str, key: str, fmt: str) -> Response:
         """The JSON body, encoded off the event loop when it is large (thousands of vectors
