@@ -261,6 +261,15 @@ def test_thinking_comes_back_as_a_thinking_block(hermes):
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] \
         == [("thinking", "Twelve and thirty."), ("text", "It is 42.")]
     assert final.content[0].signature == "pyserve"
+    # display "omitted": the block with its signature, its text empty, whole and streamed
+    hidden = {"type": "adaptive", "display": "omitted"}
+    out_hidden = hermes.messages.create(**args, thinking=hidden)
+    with hermes.messages.stream(**args, thinking=hidden) as stream:
+        final_hidden = stream.get_final_message()
+    for answer in (out_hidden, final_hidden):
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in answer.content] \
+            == [("thinking", None), ("text", "It is 42.")]
+        assert answer.content[0].thinking == "" and answer.content[0].signature == "pyserve"
     # without thinking asked for, the reasoning is left out of the answer
     plain = hermes.messages.create(**args)
     assert [(b.type, b.text) for b in plain.content] == [("text", "It is 42.")]

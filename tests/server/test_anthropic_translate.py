@@ -11,7 +11,7 @@ import uvloop
 
 from pyserve.server.anthropic import AnthropicServing
 from pyserve.server.anthropic import serving as anthropic_serving
-from pyserve.server.anthropic.request import chat_body
+from pyserve.server.anthropic.request import chat_body, thinking_omitted
 from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_type
 from pyserve.server.http import Request, StreamingResponse
@@ -53,7 +53,9 @@ def test_thinking_sets_the_templates_switch_and_keeps_the_reasoning():
         assert got["chat_template_kwargs"] == {"enable_thinking": True} and got["include_reasoning"]
     omitted = body(thinking={"type": "adaptive", "display": "omitted"})
     assert omitted["chat_template_kwargs"] == {"enable_thinking": True}
-    assert omitted["include_reasoning"] is False
+    assert omitted["include_reasoning"] is True  # the block comes back, its text left out
+    assert thinking_omitted({"thinking": {"type": "adaptive", "display": "omitted"}})
+    assert not thinking_omitted({"thinking": {"type": "adaptive"}}) and not thinking_omitted({})
     # no thinking field: the template's own default, the reasoning left out
     assert "chat_template_kwargs" not in body() and body()["include_reasoning"] is False
     # the request's own chat_template_kwargs win
@@ -421,6 +423,9 @@ def test_reasoning_is_a_thinking_block_and_cached_tokens_are_cache_reads():
                               {"type": "text", "text": "Hello."}]
     assert got["usage"] == {"input_tokens": 3, "output_tokens": 3, "cache_creation_input_tokens": 0,
                             "cache_read_input_tokens": 4}
+    # display "omitted": the block and its signature, no text
+    assert message(answer, [], thinking_omitted=True)["content"][0] == {
+        "type": "thinking", "thinking": "", "signature": "pyserve"}
 
 
 def test_stop_reasons():
@@ -460,8 +465,8 @@ def chunk(delta=None, finish=None, stop_reason=None, usage=None, choices=True):
     return out
 
 
-def run(chunks, stops=()):
-    events = MessageEvents(list(stops))
+def run(chunks, stops=(), omitted=False):
+    events = MessageEvents(list(stops), omitted)
     out = []
     for c in chunks:
         out += events.feed(c)
@@ -502,6 +507,13 @@ def test_streamed_thinking_then_text():
                       ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None)]
     assert events[1][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     assert "".join(d["delta"].get("thinking", "") for k, d in events if k == "content_block_delta") == "Let me see."
+    # display "omitted": the thinking block opens and closes with its signature, no text in it
+    hidden = run([chunk({"role": "assistant", "content": ""}, usage=(5, 0)), chunk({"reasoning": "Let me "}),
+                  chunk({"content": "Four."}, finish="stop")], omitted=True)
+    kinds = [(k, d.get("content_block", d.get("delta", {})).get("type")) for k, d in hidden
+             if k.startswith("content_block")]
+    assert kinds[:3] == [("content_block_start", "thinking"), ("content_block_delta", "signature_delta"),
+                         ("content_block_stop", None)]
 
 
 def test_streamed_tool_calls():

@@ -243,8 +243,14 @@ def _thinking(thinking, body: dict, max_tokens: int | None) -> None:
     kwargs = _template_kwargs(body)
     kwargs.setdefault("enable_thinking", enabled)
     body["chat_template_kwargs"] = kwargs
-    # display "omitted": thinking happens, its text is not returned
-    body["include_reasoning"] = enabled and thinking.get("display") != "omitted"
+    # display "omitted" too: the thinking block comes back, its text left empty (response.py)
+    body["include_reasoning"] = enabled
+
+
+def thinking_omitted(request: dict) -> bool:
+    """thinking.display "omitted": thinking blocks carry their signature, not their text."""
+    thinking = request.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("display") == "omitted"
 
 
 def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:

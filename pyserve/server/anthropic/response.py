@@ -2,7 +2,9 @@
 
     id chatcmpl-X                 msg_X;  a tool call's call_Y -> toolu_Y
     message.reasoning             a thinking block first (thinking asked for, with
-                                  --reasoning-parser), its signature THINKING_SIGNATURE
+                                  --reasoning-parser), its signature THINKING_SIGNATURE; with
+                                  thinking.display "omitted" its text is empty (Anthropic's
+                                  reading: the block and signature stay, the text does not)
     message.content               a text block (when not empty)
     message.tool_calls            tool_use blocks, `input` parsed from the arguments
     finish_reason stop            end_turn; stop_sequence (with the sequence) when the choice's
@@ -76,13 +78,13 @@ def usage(chat_usage: dict | None) -> dict:
     return out
 
 
-def message(chat: dict, stop_sequences: list[str]) -> dict:
+def message(chat: dict, stop_sequences: list[str], thinking_omitted: bool = False) -> dict:
     """A whole chat completion -> an Anthropic message."""
     choice = chat["choices"][0]
     answer = choice["message"]
     content: list[dict] = []
     if answer.get("reasoning"):
-        content.append({"type": "thinking", "thinking": answer["reasoning"],
+        content.append({"type": "thinking", "thinking": "" if thinking_omitted else answer["reasoning"],
                         "signature": THINKING_SIGNATURE})
     if answer.get("content"):
         content.append({"type": "text", "text": answer["content"]})
@@ -107,8 +109,9 @@ class MessageEvents:
     each chunk, then close() once the chunks end. `failed` turns true when an error event was
     given (nothing more may follow it)."""
 
-    def __init__(self, stop_sequences: list[str]):
+    def __init__(self, stop_sequences: list[str], thinking_omitted: bool = False):
         self.stop_sequences = stop_sequences
+        self.thinking_omitted = thinking_omitted  # thinking blocks without their text
         self.started = False
         self.failed = False
         self.open: tuple[str, int] | None = None  # the open block: (kind, index)
@@ -132,8 +135,9 @@ class MessageEvents:
             if delta.get("reasoning"):
                 if self.open is None or self.open[0] != "thinking":
                     events += self._start({"type": "thinking", "thinking": "", "signature": ""})
-                events.append(self._delta(self.open[1], {"type": "thinking_delta",
-                                                         "thinking": delta["reasoning"]}))
+                if not self.thinking_omitted:
+                    events.append(self._delta(self.open[1], {"type": "thinking_delta",
+                                                             "thinking": delta["reasoning"]}))
             if delta.get("content"):
                 if self.open is None or self.open[0] != "text":
                     events += self._start({"type": "text", "text": ""})

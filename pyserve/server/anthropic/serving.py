@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from pyserve.server.anthropic.request import chat_body
+from pyserve.server.anthropic.request import chat_body, thinking_omitted
 from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_response
 from pyserve.server.http import Request, Response, StreamingResponse
@@ -37,30 +37,32 @@ class AnthropicServing:
         """serving: the server's OpenAIServing."""
         self.serving = serving
 
-    def _request(self, request: Request, route: str) -> tuple[dict, list[str]]:
-        body, stops = chat_body(json_object(request), route)
+    def _request(self, request: Request, route: str) -> tuple[dict, list[str], bool]:
+        """(the chat body, the stop sequences, whether thinking text is left out)."""
+        raw = json_object(request)
+        body, stops = chat_body(raw, route)
         self.serving.check_model(body["model"])
-        return body, stops
+        return body, stops, thinking_omitted(raw)
 
     async def messages(self, request: Request) -> Response | StreamingResponse:
         try:
-            body, stops = self._request(request, "messages")
+            body, stops, omitted = self._request(request, "messages")
             result = await self.serving.chat_result(request, body)
             if not body.get("stream"):
-                return Response(200, orjson.dumps(message(result, stops)))
+                return Response(200, orjson.dumps(message(result, stops, omitted)))
         except APIError as exc:
             return _refusal(exc)
         except Exception as exc:  # a failed step (the stream's own failure is an error event)
             logger.exception("generation failed")
             return anthropic_error_response(500, f"generation failed: {exc}")
-        return StreamingResponse(200, self._events(result, stops))
+        return StreamingResponse(200, self._events(result, stops, omitted))
 
-    async def _events(self, chunks, stops: list[str]) -> AsyncIterator[bytes]:
+    async def _events(self, chunks, stops: list[str], omitted: bool) -> AsyncIterator[bytes]:
         """message_start and a ping at once (as Anthropic sends them: a long prompt's prefill
         must not look like a dead stream to a client's idle watchdog), a ping every PING_S
         until the first chunk comes, then the chunks' events. (Only the first read is a task
         that can be waited on with a timeout: the later ones, a token apart, are read plainly.)"""
-        events = MessageEvents(stops)
+        events = MessageEvents(stops, omitted)
         pending = None
         try:
             for kind, data in events.start(chunks.id, chunks.model, chunks.prompt_tokens):
@@ -87,7 +89,7 @@ class AnthropicServing:
     async def count_tokens(self, request: Request) -> Response:
         """{"input_tokens": N}: the translated request's prompt as the chat template renders it."""
         try:
-            body, _ = self._request(request, "count_tokens")
+            body, _, _ = self._request(request, "count_tokens")
             ids = await self.serving._chat_prompt(body, tool_mode(body, False, False)[1])
         except APIError as exc:
             return _refusal(exc)
