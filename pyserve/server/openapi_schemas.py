@@ -191,11 +191,15 @@ def _scoring(facts) -> dict:
               "truncate_prompt_tokens": nullable({"anyOf": [{"const": -1}, _int(1, facts.max_model_len)]}),
               "truncation_side": nullable({"enum": ["left", "right"]}),
               "priority": nullable(INT64), "request_id": nullable(STRING)}
+    shared.update({"max_tokens_per_query": nullable(_int(0)), "max_tokens_per_doc": nullable(_int(0)),
+                   "padding": nullable({"enum": ["do_not_pad", "longest"]})})
+    pairs = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
     return {
-        "ScoreRequest": obj({**shared, "text_1": texts, "text_2": texts,
-                             "encoding_format": nullable({"const": "float"})}, ("text_1", "text_2")),
-        "RerankRequest": obj({**shared, "query": text, "documents": {
-            "type": "array", "minItems": 1, "items": {"anyOf": [text, obj({"text": text}, ("text",))]}},
+        "ScoreRequest": obj({**shared, **{name: texts for pair in pairs for name in pair},
+                             "encoding_format": nullable({"const": "float"})},
+                            anyOf=[{"required": list(pair)} for pair in pairs]),
+        "RerankRequest": obj({**shared, "query": text, "documents": {"anyOf": [text, {
+            "type": "array", "minItems": 1, "items": {"anyOf": [text, obj({"text": text}, ("text",))]}}]},
             "top_n": nullable(_int(0)), "return_documents": nullable(BOOL)}, ("query", "documents")),
         # server/openai/cohere_embed.py
         "CohereEmbedRequest": obj({

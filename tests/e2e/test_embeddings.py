@@ -137,14 +137,18 @@ def test_the_chat_form_embeds_the_rendered_conversation(server, client):
 
 def test_pooling_returns_every_tokens_hidden_state(server, client):
     ids = post(server.url, "/tokenize", {"prompt": TEXTS[1]})[1]["tokens"]
-    status, out = post(server.url, "/pooling", {"input": TEXTS[1]})
+    status, out = post(server.url, "/pooling", {"input": TEXTS[1], "task": "token_embed"})
     assert status == 200 and out["data"][0]["object"] == "pooling"
     per_token = torch.tensor(out["data"][0]["data"])
     assert per_token.shape == (len(ids), 576)
     embedding = vectors(client.embeddings.create(model=MODEL, input=TEXTS[1], encoding_format="float"))[0]
     torch.testing.assert_close(per_token[-1], embedding, atol=1e-5, rtol=0)
-    status, pooled = post(server.url, "/pooling", {"input": TEXTS[1], "task": "embed"})
-    torch.testing.assert_close(torch.tensor(pooled["data"][0]["data"]), embedding, atol=1e-5, rtol=0)
+    # the default task is the model's pooling task, embed (current vLLM's reading)
+    for body in ({"input": TEXTS[1], "task": "embed"}, {"input": TEXTS[1]}):
+        status, pooled = post(server.url, "/pooling", body)
+        torch.testing.assert_close(torch.tensor(pooled["data"][0]["data"]), embedding, atol=1e-5, rtol=0)
+    status, out = post(server.url, "/pooling", {"input": TEXTS[1], "dimensions": 8})
+    assert status == 400 and out["error"]["param"] == "dimensions"
 
 
 def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
@@ -169,6 +173,18 @@ def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
     pairs = [float(embedded[1 + i] @ embedded[1 + (i + 1) % 3]) for i in range(3)]
     status, pairwise = post(server.url, "/v1/score", {"text_1": docs, "text_2": docs[1:] + docs[:1]})
     assert status == 200 and [abs(d["score"] - p) < 1e-5 for d, p in zip(pairwise["data"], pairs)] == [True] * 3
+    # vLLM's other names for the pair
+    for names in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        status, named = post(server.url, "/score", {names[0]: query, names[1]: docs})
+        assert status == 200 and [d["score"] for d in named["data"]] == pytest.approx(cosines, abs=1e-5)
+    # a lone string as documents; max_tokens_per_doc keeps each document's first tokens
+    status, one = post(server.url, "/rerank", {"query": query, "documents": docs[0]})
+    assert status == 200 and one["results"][0]["relevance_score"] == pytest.approx(cosines[0], abs=1e-5)
+    first_words = vectors(client.embeddings.create(model=MODEL, input=[query, "The capital"],
+                                                   encoding_format="float"))
+    status, cut = post(server.url, "/v2/rerank", {"query": query, "documents": [docs[0]],
+                                                  "max_tokens_per_doc": 2})
+    assert cut["results"][0]["relevance_score"] == pytest.approx(float(first_words[0] @ first_words[1]), abs=1e-5)
     for path, body, param in (("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1"),
                               ("/score", {"text_1": "a", "text_2": []}, "text_2"),
                               ("/rerank", {"query": "", "documents": ["a"]}, "query"),
@@ -177,7 +193,12 @@ def test_score_and_rerank_are_cosines_of_the_embeddings(server, client):
                               ("/score", {"text_1": "a", "text_2": "b", "mm_processor_kwargs": {}},
                                "mm_processor_kwargs"),
                               ("/rerank", {"query": "a", "documents": ["b"], "use_activation": False},
-                               "use_activation")):
+                               "use_activation"),
+                              ("/score", {"text_1": "a"}, "text_2"),
+                              ("/rerank", {"query": "a", "documents": ["b"], "instruction": "Rank."},
+                               "instruction"),
+                              ("/rerank", {"query": "a", "documents": ["b"], "max_tokens_per_doc": -1},
+                               "max_tokens_per_doc")):
         status, err = post(server.url, path, body)
         assert status == 400 and err["error"]["param"] == param, (path, err)
 
@@ -210,8 +231,8 @@ def test_cohere_embed_v2_through_the_cohere_sdk(server, client):
     # truncate: END (the default) keeps the first tokens, START the last, NONE none
     long = "The capital of France is Paris. " * 90  # beyond --max-model-len 512
     end = co.embed(model=MODEL, texts=[long], input_type="clustering", embedding_types=["float"])
-    first = client.embeddings.create(model=MODEL, input=long, encoding_format="float", extra_body={
-        "truncate_prompt_tokens": 512, "truncation_side": "right"})
+    first = client.embeddings.create(model=MODEL, input=long, encoding_format="float",
+                                     extra_body={"truncate_prompt_tokens": 512})
     # (allclose: the second of two equal prompts reads the first's cached blocks, whose
     # chunking sums in another order)
     assert np.allclose(end.embeddings.float_[0], first.data[0].embedding, atol=1e-6)
@@ -219,7 +240,7 @@ def test_cohere_embed_v2_through_the_cohere_sdk(server, client):
     start = co.embed(model=MODEL, texts=[long], input_type="clustering", embedding_types=["float"],
                      truncate="START", max_tokens=100)
     last = client.embeddings.create(model=MODEL, input=long, encoding_format="float",
-                                    extra_body={"truncate_prompt_tokens": 100})
+                                    extra_body={"truncate_prompt_tokens": 100, "truncation_side": "left"})
     assert np.allclose(start.embeddings.float_[0], last.data[0].embedding, atol=1e-6)
     for kw, param in ((dict(truncate="NONE"), "texts"),
                       (dict(truncate="NONE", max_tokens=5, texts=["word " * 20]), "max_tokens"),
@@ -236,13 +257,19 @@ def test_cohere_embed_v2_through_the_cohere_sdk(server, client):
         assert status == 400 and err["error"]["param"] == param, err
 
 
-def test_truncate_prompt_tokens_keeps_the_last_tokens(client):
-    long = "word " * 600  # beyond --max-model-len 512
+def test_truncate_prompt_tokens_keeps_the_first_tokens(server, client):
+    """As vLLM's pooling models (and sentence-transformers) cut: the end goes; truncation_side
+    "left" keeps the last tokens instead."""
+    long = "The capital of France is Paris. " + "word " * 600  # beyond --max-model-len 512
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.embeddings.create(model=MODEL, input=long)
-    cut = client.embeddings.create(model=MODEL, input=long, encoding_format="float",
-                                   extra_body={"truncate_prompt_tokens": 100})
-    assert cut.usage.prompt_tokens == 100
+    ids = post(server.url, "/tokenize", {"prompt": long})[1]["tokens"]
+    for side, kept in ((None, ids[:100]), ("right", ids[:100]), ("left", ids[-100:])):
+        cut = client.embeddings.create(model=MODEL, input=long, encoding_format="float", extra_body={
+            "truncate_prompt_tokens": 100, **({"truncation_side": side} if side else {})})
+        want = client.embeddings.create(model=MODEL, input=[kept], encoding_format="float")
+        assert cut.usage.prompt_tokens == 100
+        assert np.allclose(cut.data[0].embedding, want.data[0].embedding, atol=1e-6), side
 
 
 @pytest.mark.parametrize("body, param", [
@@ -357,5 +384,5 @@ def test_invocations_send_an_encoders_chat_form_to_embeddings(bert_server):
 
 
 def test_per_token_pooling_is_bounded(server):
-    status, out = post(server.url, "/pooling", {"input": ["word " * 500] * 200})
+    status, out = post(server.url, "/pooling", {"input": ["word " * 500] * 200, "task": "token_embed"})
     assert status == 400 and "values" in out["error"]["message"]

@@ -4,8 +4,8 @@ as generation: each input is one pooling request (engine/pooling.py).
 `input` is a string, a list of strings, a list of token ids or a list of such lists; or, as
 vLLM's chat form, `messages` rendered by the chat template (without a generation prompt unless
 asked). At most MAX_INPUTS inputs a request, refused before anything is tokenized. Inputs
-longer than the model are a 400, unless truncate_prompt_tokens keeps their last (or, with
-truncation_side "right", first) tokens. encoding_format "base64" is the little-endian float32
+longer than the model are a 400, unless truncate_prompt_tokens keeps their first (or, with
+truncation_side "left", last) tokens: vLLM's pooling side, where generation keeps the last. encoding_format "base64" is the little-endian float32
 bytes of each vector, as OpenAI's SDK decodes them."""
 
 from __future__ import annotations
@@ -63,10 +63,13 @@ class OpenAIServingEmbedding:
         return await self._response(rows, "embedding", "embedding", fmt)
 
     async def pooling(self, request: Request) -> Response:
-        """vLLM's /pooling: `task` "token_embed" (the default: every token's final hidden
-        state) or "embed" (the pooled vector, as /v1/embeddings)."""
+        """vLLM's /pooling: `task` "embed" (the default, the model's pooling task as vLLM
+        takes it: the pooled vector, as /v1/embeddings) or "token_embed" (every token's final
+        hidden state). dimensions is vLLM's 400 here."""
         body = self.serving.parse_body(request)
-        task = field(body, "task", str, "token_embed")
+        task = field(body, "task", str, "embed")
+        if body.get("dimensions") is not None:
+            raise APIError(400, "dimensions is currently not supported", "dimensions")
         params, fmt = self._params(body, _POOLING_FIELDS, task)
         rows = await self._run(request, body, params, "pool-")
         return await self._response(rows, "pooling", "data", fmt)
@@ -106,6 +109,11 @@ class OpenAIServingEmbedding:
         return params, fmt
 
     async def _inputs(self, body: dict) -> list[tuple[str | None, list[int]]]:
+        if body.get("truncation_side") is None:
+            # truncate_prompt_tokens keeps an input's first tokens here: vLLM's pooling models
+            # cut the end (their tokenizer's truncation_side "right"), as sentence-transformers
+            # does; generation keeps the last ones
+            body = {**body, "truncation_side": "right"}
         raw = body.get("input")
         if _conversations(raw):  # vLLM's chat forms given as input
             if body.get("messages") is not None:

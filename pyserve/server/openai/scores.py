@@ -4,17 +4,23 @@
 embeddings, each embedded as /v1/embeddings embeds it (the model's pooling, L2-normalised),
 in the same batches as generation.
 
-    /score   text_1 (a string or a list), text_2 (a string or a list): one text_1 against
-             every text_2, or (two lists of one length) pairwise; data[i].score, in order
-    /rerank  query, documents (strings or {"text"} objects), top_n (0 or absent: all),
-             return_documents (default true): results sorted by relevance_score, each with
-             its index in documents
+    /score   queries and documents (vLLM's first form), or queries and items, data_1 and
+             data_2, text_1 and text_2 (each a string or a list): one query against every
+             document, or (two lists of one length) pairwise; data[i].score, in order
+    /rerank  query, documents (a string, strings or {"text"} objects), top_n (0 or absent:
+             all), return_documents (default true): results sorted by relevance_score, each
+             with its index in documents
 
-truncate_prompt_tokens, truncation_side, add_special_tokens, priority and request_id are read
-as /v1/embeddings reads them; at most MAX_INPUTS texts a request in all."""
+max_tokens_per_query and max_tokens_per_doc (0: no limit) keep the first that many tokens of
+each query's or document's text (counted without special tokens, which the embedding adds as
+for any input). truncate_prompt_tokens, truncation_side, add_special_tokens, priority and
+request_id are read as /v1/embeddings reads them; at most MAX_INPUTS texts a request in all.
+instruction and chat_template_kwargs feed vLLM's score templates (cross-encoders, LLM
+rerankers): no template takes part in a cosine, so they are 400s."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import orjson
@@ -30,10 +36,15 @@ from pyserve.server.values import brief, field, log_ignored_fields
 # read as /v1/embeddings reads them
 _SHARED = {"model", "truncate_prompt_tokens", "truncation_side", "add_special_tokens", "priority",
            "request_id", "user"}
-_SCORE_FIELDS = _SHARED | {"text_1", "text_2", "encoding_format"}
-_RERANK_FIELDS = _SHARED | {"query", "documents", "top_n", "return_documents"}
+_LIMITS = {"max_tokens_per_query", "max_tokens_per_doc", "padding"}
+# /score's pairs of fields, in the order vLLM tries its request forms
+_SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+_SCORE_FIELDS = _SHARED | _LIMITS | {name for pair in _SCORE_PAIRS for name in pair} | {"encoding_format"}
+_RERANK_FIELDS = _SHARED | _LIMITS | {"query", "documents", "top_n", "return_documents"}
 # a score is a cosine of normalised embeddings: asking for it unnormalised asks for another score
 _COSINE_ONLY = ("normalize", "use_activation")
+# vLLM's inputs to a score template, which a cosine of embeddings has none of
+_TEMPLATE_ONLY = ("instruction", "chat_template_kwargs")
 
 
 class OpenAIServingScores:
@@ -46,11 +57,14 @@ class OpenAIServingScores:
         body = _checked(self.serving.parse_body(request), _SCORE_FIELDS)
         if field(body, "encoding_format", str, "float") != "float":
             raise APIError(400, "encoding_format: scores are floats", "encoding_format")
-        firsts, seconds = _texts(body, "text_1"), _texts(body, "text_2")
+        first, second = (next((p for p in _SCORE_PAIRS if p[0] in body and p[1] in body), None)
+                         or next((p for p in _SCORE_PAIRS[::-1] if p[0] in body or p[1] in body),
+                                 _SCORE_PAIRS[0]))  # a pair half given: name its missing half
+        firsts, seconds = _texts(body, first), _texts(body, second)
         if len(firsts) != 1 and len(firsts) != len(seconds):
-            raise APIError(400, f"text_1 holds {len(firsts)} texts and text_2 {len(seconds)}: give "
-                           "one text_1, or as many as text_2", "text_1")
-        scores, rows = await self._cosines(request, body, firsts, seconds, "score-")
+            raise APIError(400, f"{first} holds {len(firsts)} texts and {second} {len(seconds)}: give "
+                           f"one of {first}, or as many as {second}", first)
+        scores, rows = await self._cosines(request, body, firsts, seconds, "score-", second)
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
         return Response(200, orjson.dumps({
             "id": rows["id"], "object": "list", "created": int(time.time()),
@@ -74,12 +88,14 @@ class OpenAIServingScores:
                                            "usage": _usage(rows), "results": results}))
 
     async def _cosines(self, request: Request, body: dict, firsts: list[str], seconds: list[str],
-                       prefix: str) -> tuple[list[float], dict]:
+                       prefix: str, second: str = "documents") -> tuple[list[float], dict]:
         """Each first against its second (one first: against every second): cosines of their
         normalised embeddings, and the run's id and prompt tokens."""
         if len(firsts) + len(seconds) > MAX_INPUTS:
             raise APIError(400, f"{len(firsts) + len(seconds)} texts to embed; at most {MAX_INPUTS} "
-                           "in one request", "text_2" if prefix == "score-" else "documents")
+                           "in one request", second)
+        firsts = await self._cut(firsts, body, "max_tokens_per_query")
+        seconds = await self._cut(seconds, body, "max_tokens_per_doc")
         try:
             params = PoolingParams("embed", True, None)
         except InvalidRequest as exc:  # a model that cannot embed
@@ -92,6 +108,23 @@ class OpenAIServingScores:
             left = left.expand(len(seconds), -1)
         return (left * right).sum(dim=-1).tolist(), rows
 
+    async def _cut(self, texts: list[str], body: dict, name: str) -> list[str]:
+        """The texts, each cut to its first `name` tokens (0 or absent: as they are)."""
+        limit = field(body, name, int, 0)
+        if limit < 0:
+            raise APIError(400, f"{name} must be 0 (no limit) or more, got {limit}", name)
+        if not limit:
+            return texts
+        tokenizer = self.serving.tokenizer
+
+        def cut() -> list[str]:
+            out = []
+            for text in texts:
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                out.append(text if len(ids) <= limit else tokenizer.decode(ids[:limit]))
+            return out
+        return await asyncio.get_running_loop().run_in_executor(None, cut)
+
 
 def _checked(body: dict, known: set[str]) -> dict:
     """The body, once what pyserve's pooling routes refuse is refused (by name) and what no
@@ -102,7 +135,14 @@ def _checked(body: dict, known: set[str]) -> dict:
     for name in _COSINE_ONLY:
         if body.get(name) not in (None, True):
             raise APIError(400, f"{name}: a score here is the cosine of normalised embeddings", name)
-    log_ignored_fields(set(body) - known - set(_COSINE_ONLY))
+    for name in _TEMPLATE_ONLY:
+        if body.get(name) is not None:
+            raise APIError(400, f"{name}: a score here is the cosine of two embeddings; no score "
+                           "template reads it", name)
+    if body.get("padding") not in (None, "do_not_pad", "longest"):
+        raise APIError(400, "padding: pyserve embeds each text at its own length (only "
+                       "'do_not_pad' or 'longest')", "padding")
+    log_ignored_fields(set(body) - known - set(_COSINE_ONLY) - set(_TEMPLATE_ONLY))
     return body
 
 
@@ -115,7 +155,9 @@ def _texts(body: dict, name: str) -> list[str]:
 
 
 def _documents(value) -> list[str]:
-    """Strings, or Cohere's and Jina's {"text": ...} objects."""
+    """A string, strings, or Cohere's and Jina's {"text": ...} objects."""
+    if isinstance(value, str):
+        value = [value]
     if not isinstance(value, list) or not value:
         raise APIError(400, "documents must be a non-empty list of strings", "documents")
     out = []
