@@ -40,13 +40,16 @@ JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
 
 def _op(summary: str, tag: str, ok: str | None = None, body: str | None = None,
         stream: bool = False, errors: tuple[int, ...] = (), content: str = JSON,
-        anthropic: bool = False, path_param: str | None = None) -> dict:
+        anthropic: bool = False, path_param: str | None = None, binary: bool = False) -> dict:
     """One operation: ok names its 200 body's schema (None: any JSON object); errors lists the
-    statuses it answers beyond 401 and 503, which are added where they apply."""
+    statuses it answers beyond 401 and 503, which are added where they apply. binary: it may
+    also answer application/octet-stream (vLLM's bytes encodings of vectors)."""
     schema = ref(ok) if ok else {"type": "object"}
     if content == TEXT:
         schema = {"type": "string"}
     success = {content: {"schema": schema}}
+    if binary:
+        success["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
     if stream:  # server-sent events when the body asks for "stream": true
         success[SSE] = {"schema": {  # each event; its data is one chunk's JSON (or [DONE])
             "type": "object", "required": ["data"],
@@ -84,9 +87,9 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("POST", "/v1/chat/completions"): _op("Chat completion", "openai", "ChatCompletion",
                                           "ChatCompletionRequest", stream=True, errors=_ADMITTED),
     ("POST", "/v1/embeddings"): _op("Embeddings of texts, token ids or a chat", "openai",
-                                    "EmbeddingList", "EmbeddingRequest", errors=_ADMITTED),
+                                    "EmbeddingList", "EmbeddingRequest", errors=_ADMITTED, binary=True),
     ("POST", "/pooling"): _op("vLLM's pooling: per-token hidden states or pooled vectors", "vllm",
-                              "PoolingList", "PoolingRequest", errors=_ADMITTED),
+                              "PoolingList", "PoolingRequest", errors=_ADMITTED, binary=True),
     **{("POST", path): _op("vLLM's scoring: cosines of text_1's and text_2's embeddings", "vllm",
                            "ScoreList", "ScoreRequest", errors=_ADMITTED)
        for path in ("/score", "/v1/score")},

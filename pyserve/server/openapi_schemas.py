@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pyserve.server.anthropic.request import REFUSED as ANTHROPIC_REFUSED
 from pyserve.server.openai.cohere_embed import EMBEDDING_TYPES as COHERE_EMBEDDING_TYPES
+from pyserve.server.openai.embeddings import EMBED_DTYPES, ENCODING_FORMATS, ENDIANNESS
 from pyserve.server.openai.cohere_embed import TRUNCATES as COHERE_TRUNCATES
 from pyserve.server.openai.messages import REASONING_EFFORTS
 from pyserve.server.openai.responses.translate import INCLUDES as RESPONSES_INCLUDES
@@ -226,14 +227,14 @@ def _embedding(facts) -> dict:
     return obj({
         "model": _model(facts), "input": inputs,
         "messages": {"type": "array", "items": _CHAT_MESSAGE, "minItems": 1},
-        "encoding_format": nullable({"enum": ["float", "base64"]}),
+        "encoding_format": nullable({"enum": list(ENCODING_FORMATS)}),
         "dimensions": nullable(_int(1)), "user": nullable(STRING),
         "truncate_prompt_tokens": nullable({"anyOf": [{"const": -1}, _int(1, facts.max_model_len)]}),
         "truncation_side": nullable({"enum": ["left", "right"]}),
         "add_special_tokens": nullable(BOOL), "priority": nullable(INT64),
         "request_id": nullable(STRING), "normalize": nullable(BOOL), "use_activation": nullable(BOOL),
-        "embed_dtype": nullable({"const": "float32"}),
-        "endianness": nullable({"enum": ["native", "little"]}), **_chat_template_fields()},
+        "embed_dtype": nullable({"enum": list(EMBED_DTYPES)}),
+        "endianness": nullable({"enum": list(ENDIANNESS)}), **_chat_template_fields()},
         oneOf=[{"required": ["input"]}, {"required": ["messages"]}])
 
 

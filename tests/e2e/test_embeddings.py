@@ -96,6 +96,34 @@ def test_base64_equals_float_and_a_batch_equals_its_items(client, server):
         torch.testing.assert_close(alone, row, atol=1e-5, rtol=0)
 
 
+def test_vllms_binary_encodings(server, client):
+    """embed_dtype and endianness of base64, and vLLM's bytes / bytes_only answers: the vectors'
+    bytes back to back, with a metadata header (bytes) saying where each one lies."""
+    want = vectors(client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")).numpy()
+    body = json.dumps({"input": TEXTS, "encoding_format": "bytes", "embed_dtype": "float16",
+                       "endianness": "big"}).encode()
+    request = urllib.request.Request(server.url + "/v1/embeddings", body, {
+        "content-type": "application/json", "authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        content_type, metadata, raw = r.headers["content-type"], json.loads(r.headers["metadata"]), r.read()
+    assert content_type == "application/octet-stream" and metadata["model"] == MODEL
+    assert [item["index"] for item in metadata["data"]] == [0, 1, 2] and metadata["usage"]["prompt_tokens"] > 0
+    for item, row in zip(metadata["data"], want):
+        assert (item["embed_dtype"], item["endianness"], item["shape"]) == ("float16", "big", [576])
+        got = np.frombuffer(raw[item["start"]:item["end"]], ">f2")
+        assert np.array_equal(got, row.astype(">f2"))
+    status, encoded = post(server.url, "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64",
+                                                          "embed_dtype": "bfloat16"})
+    bf16 = torch.frombuffer(bytearray(base64.b64decode(encoded["data"][0]["embedding"])), dtype=torch.bfloat16)
+    assert torch.equal(bf16, torch.from_numpy(want[0]).bfloat16())
+    body = json.dumps({"input": TEXTS[:1], "encoding_format": "bytes_only", "embed_dtype": "fp8_e4m3",
+                       "task": "embed"}).encode()
+    request = urllib.request.Request(server.url + "/pooling", body, {
+        "content-type": "application/json", "authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.headers["metadata"] is None and len(r.read()) == 576  # one byte a value
+
+
 def test_token_id_inputs_and_usage(server, client):
     tokenizer_ids = post(server.url, "/tokenize", {"prompt": TEXTS[0]})[1]["tokens"]
     by_text = vectors(client.embeddings.create(model=MODEL, input=TEXTS[0], encoding_format="float"))
@@ -284,7 +312,8 @@ def test_truncate_prompt_tokens_keeps_the_first_tokens(server, client):
     ({"input": "x", "dimensions": 0}, "dimensions"),
     ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
-    ({"input": "x", "embed_dtype": "float16"}, "embed_dtype"),
+    ({"input": "x", "embed_dtype": "float64"}, "embed_dtype"),
+    ({"input": "x", "endianness": "middle"}, "endianness"),
     ({"input": "x", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"input": "x", "padding": "max_length"}, "padding"),
     ({"input": "x", "media_io_kwargs": {"image": {}}}, "media_io_kwargs"),

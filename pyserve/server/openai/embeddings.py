@@ -5,19 +5,25 @@ as generation: each input is one pooling request (engine/pooling.py).
 vLLM's chat form, `messages` rendered by the chat template (without a generation prompt unless
 asked). At most MAX_INPUTS inputs a request, refused before anything is tokenized. Inputs
 longer than the model are a 400, unless truncate_prompt_tokens keeps their first (or, with
-truncation_side "left", last) tokens: vLLM's pooling side, where generation keeps the last. encoding_format "base64" is the little-endian float32
-bytes of each vector, as OpenAI's SDK decodes them."""
+truncation_side "left", last) tokens: vLLM's pooling side, where generation keeps the last. encoding_format "base64" is each vector's bytes (embed_dtype,
+float32 by default, in the endianness asked for, little-endian by default: what OpenAI's SDK
+decodes); "bytes" and "bytes_only" are vLLM's binary answers: the vectors' bytes one after the
+other as application/octet-stream, with (bytes) a `metadata` header holding the JSON of where
+each one starts and ends, its dtype, endianness and shape, and the usage."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import heapq
+import json
 import logging
+import sys
 import time
 import uuid
 
 import orjson
+import torch
 
 from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from pyserve.errors import InvalidRequest
@@ -44,6 +50,11 @@ _FIELDS = {"model", "input", "messages", "encoding_format", "dimensions", "user"
            "chat_template", "chat_template_kwargs", "add_generation_prompt",
            "continue_final_message"}
 _POOLING_FIELDS = _FIELDS | {"task"}
+ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
+# vLLM's embed_dtype names (of base64 and bytes answers)
+EMBED_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+ENDIANNESS = ("native", "big", "little")
 REFUSED = ("mm_processor_kwargs", "kv_transfer_params", "cache_salt", "prompt_embeds",
             "media_io_kwargs")
 
@@ -60,7 +71,7 @@ class OpenAIServingEmbedding:
         task = "embed"
         params, fmt = self._params(body, _FIELDS, task)
         rows = await self._run(request, body, params, "embd-")
-        return await self._response(rows, "embedding", "embedding", fmt)
+        return await self._response(rows, "embedding", "embedding", fmt, _encoding(body))
 
     async def pooling(self, request: Request) -> Response:
         """vLLM's /pooling: `task` "embed" (the default, the model's pooling task as vLLM
@@ -72,7 +83,7 @@ class OpenAIServingEmbedding:
             raise APIError(400, "dimensions is currently not supported", "dimensions")
         params, fmt = self._params(body, _POOLING_FIELDS, task)
         rows = await self._run(request, body, params, "pool-")
-        return await self._response(rows, "pooling", "data", fmt)
+        return await self._response(rows, "pooling", "data", fmt, _encoding(body))
 
     # -- request parsing -----------------------------------------------------------------------
     def _params(self, body: dict, known: set[str], task: str) -> tuple[PoolingParams, str]:
@@ -85,13 +96,15 @@ class OpenAIServingEmbedding:
                            heapq.nsmallest(20, unknown),
                            f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
         fmt = field(body, "encoding_format", str, "float")
-        if fmt not in ("float", "base64"):
-            raise APIError(400, f"encoding_format must be 'float' or 'base64', got {brief(fmt)}",
-                           "encoding_format")
-        if field(body, "embed_dtype", str, "float32") != "float32":
-            raise APIError(400, "embed_dtype: pyserve returns float32 embeddings only", "embed_dtype")
-        if field(body, "endianness", str, "native") not in ("native", "little"):
-            raise APIError(400, "endianness: pyserve encodes little-endian floats only", "endianness")
+        if fmt not in ENCODING_FORMATS:
+            raise APIError(400, f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, got "
+                           f"{brief(fmt)}", "encoding_format")
+        if field(body, "embed_dtype", str, "float32") not in EMBED_DTYPES:
+            raise APIError(400, f"embed_dtype must be one of {', '.join(EMBED_DTYPES)}, got "
+                           f"{brief(body['embed_dtype'])}", "embed_dtype")
+        if field(body, "endianness", str, "native") not in ENDIANNESS:
+            raise APIError(400, f"endianness must be one of {', '.join(ENDIANNESS)}, got "
+                           f"{brief(body['endianness'])}", "endianness")
         field(body, "user", str)  # accepted, as OpenAI's: it names the end user, nothing more
         # every input is embedded at its own length: padding to a length would change a
         # mean pool, and asking not to pad asks for nothing
@@ -208,13 +221,19 @@ class OpenAIServingEmbedding:
                 "prompt_tokens": sum(len(ids) for _, ids in inputs),
                 "longest": max(len(ids) for _, ids in inputs)}
 
-    async def _response(self, rows: dict, kind: str, key: str, fmt: str) -> Response:
-        """The JSON body, encoded off the event loop when it is large (thousands of vectors
-        as floats take a second to write)."""
+    async def _response(self, rows: dict, kind: str, key: str, fmt: str,
+                        encoding: tuple[str, str]) -> Response:
+        """The JSON body (or vLLM's bytes), encoded off the event loop when it is large
+        (thousands of vectors as floats take a second to write). encoding: (embed_dtype,
+        endianness) of base64 and bytes."""
         tokens = rows["prompt_tokens"]
+        if fmt in ("bytes", "bytes_only"):
+            return _bytes_response({**rows, "model": self.serving.model_name}, fmt, encoding)
 
         def encode() -> bytes:
-            data = [{"index": i, "object": kind, key: _encode(pooled, fmt)}
+            data = [{"index": i, "object": kind,
+                     key: pooled.tolist() if fmt == "float"
+                     else base64.b64encode(_binary(pooled, *encoding)).decode("ascii")}
                     for i, pooled in enumerate(rows["pooled"])]
             return orjson.dumps({
                 "id": rows["id"], "object": "list", "created": int(time.time()),
@@ -225,6 +244,25 @@ class OpenAIServingEmbedding:
         if values < _OFF_LOOP_VALUES:
             return Response(200, encode())
         return Response(200, await asyncio.get_running_loop().run_in_executor(None, encode))
+
+
+def _bytes_response(rows: dict, fmt: str, encoding: tuple[str, str]) -> Response:
+    """vLLM's binary answer: the vectors' bytes back to back; with "bytes", a metadata header
+    (JSON) says where each starts and ends, its dtype, byte order and shape, and the usage."""
+    parts, items, offset = [], [], 0
+    for i, pooled in enumerate(rows["pooled"]):
+        data = _binary(pooled, *encoding)
+        items.append({"index": i, "embed_dtype": encoding[0], "endianness": encoding[1],
+                      "start": offset, "end": offset + len(data), "shape": list(pooled.shape)})
+        parts.append(data)
+        offset += len(data)
+    headers = []
+    if fmt == "bytes":
+        tokens = rows["prompt_tokens"]
+        headers.append(("metadata", json.dumps({
+            "id": rows["id"], "created": int(time.time()), "model": rows["model"], "data": items,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})))
+    return Response(200, b"".join(parts), headers, "application/octet-stream")
 
 
 def _conversations(raw) -> bool:
@@ -239,7 +277,16 @@ def _token_list(value: list) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _encode(pooled, fmt: str):
-    if fmt == "base64":
-        return base64.b64encode(pooled.numpy().astype("<f4").tobytes()).decode("ascii")
-    return pooled.tolist()
+def _encoding(body: dict) -> tuple[str, str]:
+    """(embed_dtype, endianness) as the request gives them (checked by _params)."""
+    return body.get("embed_dtype") or "float32", body.get("endianness") or "native"
+
+
+def _binary(pooled: torch.Tensor, dtype: str, endianness: str) -> bytes:
+    """A vector's bytes as dtype (a name of EMBED_DTYPES) in that byte order."""
+    values = pooled.to(EMBED_DTYPES[dtype]).contiguous().reshape(-1)
+    raw = values.view(torch.uint8).reshape(-1, values.element_size())
+    order = sys.byteorder if endianness == "native" else endianness
+    if order != sys.byteorder:
+        raw = raw.flip(-1)
+    return raw.numpy().tobytes()
