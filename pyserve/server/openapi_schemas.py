@@ -321,8 +321,11 @@ def _responses(facts) -> dict:
         "service_tier": nullable(STRING), "safety_identifier": nullable(STRING),
         "prompt_cache_key": nullable(STRING), "truncation": nullable({"enum": ["auto", "disabled"]}),
         "background": nullable(BOOL), "top_logprobs": nullable(_int(0, 20)),
+        "max_tool_calls": nullable(_int(1)),
         "reasoning": nullable(obj({"effort": nullable({"enum": list(REASONING_EFFORTS)}),
-                                   "summary": nullable(summary), "generate_summary": nullable(summary)},
+                                   "summary": nullable(summary), "generate_summary": nullable(summary),
+                                   "context": nullable({"enum": ["auto", "current_turn", "all_turns"]}),
+                                   "mode": nullable({"const": "standard"})},
                                   extra=False))},
         ("input",),
         # background needs store (null is true)

@@ -162,6 +162,32 @@ def test_text_format_json_schema(client):
     assert isinstance(json.loads(obj.output_text), dict)
 
 
+def test_tools_on_a_server_without_auto_tool_choice_get_text(client):
+    """As vLLM's Responses: tools with tool_choice "auto" on a server started without
+    --enable-auto-tool-choice are shown to the model, and the answer is read as text (the
+    chat route refuses the same request)."""
+    r = ask(client, tools=[ADD], extra_body=scripted(PARIS))
+    assert r.status == "completed" and r.output_text == PARIS and r.tool_choice == "auto"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       tools=[{"type": "function", "function": {"name": "add"}}])
+
+
+def test_a_forced_call_with_a_text_format_and_cached_tokens(client):
+    """The Agents SDK sends its output_type's schema on tool turns too: a forced call answers
+    with the call; usage names the prompt tokens the prefix cache served, as vLLM's
+    Responses does without --enable-prompt-tokens-details."""
+    fmt = {"format": {"type": "json_schema", "name": "w", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    r = ask(client, input="Weather in Paris?", tools=[WEATHER], tool_choice="required", text=fmt,
+            max_output_tokens=200)
+    assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "get_weather"
+    long = "Tell me about Paris. " * 40
+    first, again = ask(client, input=long, max_output_tokens=2), ask(client, input=long, max_output_tokens=2)
+    assert first.usage.input_tokens == again.usage.input_tokens > 200
+    assert again.usage.input_tokens_details.cached_tokens >= 192  # whole blocks of the first
+
+
 def test_logprobs_when_included_equal_the_chat_paths(client):
     """include message.output_text.logprobs (top_logprobs alternatives each), as vLLM reads
     them: the output text's token logprobs, the chat route's for the same request, whole and
@@ -313,8 +339,6 @@ def test_truncation_auto_drops_the_oldest_exchanges(client):
     (dict(input=[{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
                  {"role": "user", "content": "Hi"}]), 400, "input"),
     (dict(input="word " * 9000), 400, "input"),  # the prompt alone is longer than the model
-    # tools without tool_choice mean "auto", which needs --enable-auto-tool-choice (as on chat)
-    (dict(tools=[ADD]), 400, "tool_choice"),
 ])
 def test_bad_inputs_get_openais_error_shape(client, kw, status, param):
     with pytest.raises(openai.APIStatusError) as info:

@@ -17,7 +17,8 @@ from pyserve.server.http import Request
 from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
 from pyserve.server.openai.messages import with_allowed_tools, without_oldest_turn
-from pyserve.server.openai.responses.translate import chat_body, input_messages, with_answer
+from pyserve.server.openai.responses.items import input_messages, with_answer
+from pyserve.server.openai.responses.translate import chat_body
 from pyserve.server.openai.streaming import ChunkStream
 
 EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
@@ -124,6 +125,38 @@ def test_an_incomplete_last_assistant_message_is_continued():
     assert (got["add_generation_prompt"], got["continue_final_message"]) == (False, True)
     done, _ = chat_body({"input": [{"role": "user", "content": "Count."}, {**partial, "status": "completed"}]}, [])
     assert "continue_final_message" not in done
+    # one still in_progress is continued too (vLLM's reading)
+    going, _ = chat_body({"input": [{"role": "user", "content": "Count."}, {**partial, "status": "in_progress"}]}, [])
+    assert going["continue_final_message"] is True
+
+
+def test_a_forced_call_takes_no_text_format_and_max_tool_calls_is_echoed():
+    """The Agents SDK sends its output_type's schema with every turn, tool turns included:
+    a turn that must call a tool answers with the call, the format is for the message later."""
+    fmt = {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}
+    for choice in ("required", {"type": "function", "name": "add"},
+                   {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "add"}]}):
+        chat, _ = chat_body({"input": "x", "tools": [ADD], "tool_choice": choice, "text": fmt}, [])
+        assert "response_format" not in chat and chat["tool_choice"]
+    for choice in ("auto", "none", None):
+        chat, _ = chat_body({"input": "x", "tools": [ADD], "tool_choice": choice, "text": fmt}, [])
+        assert chat["response_format"]["type"] == "json_schema"
+    assert turn(max_tool_calls=3).from_completion(completion({"content": "A."}))["max_tool_calls"] == 3
+    assert refused({"input": "x", "max_tool_calls": 0}).param == "max_tool_calls"
+
+
+def test_reasoning_context_and_mode():
+    history = [{"role": "user", "content": "Q1"},
+               {"role": "assistant", "content": "A1", "reasoning_content": "Because."}]
+    for context, kept in (("current_turn", False), ("all_turns", True), ("auto", True), (None, True)):
+        chat, conversation = chat_body({"input": "Q2", "reasoning": {"context": context}}, history)
+        assert ("reasoning_content" in chat["messages"][1]) is kept
+        assert conversation[1]["reasoning_content"] == "Because."  # the stored turns keep it
+    assert refused({"input": "x", "reasoning": {"mode": "pro"}}).param == "reasoning"
+    assert refused({"input": "x", "reasoning": {"context": "some"}}).param == "reasoning"
+    echo = turn(reasoning={"effort": "low", "context": "current_turn", "mode": "standard"}).from_completion(
+        completion({"content": "A."}))["reasoning"]
+    assert echo == {"effort": "low", "summary": None, "context": "current_turn", "mode": "standard"}
 
 
 def test_allowed_tools_show_and_hold_only_the_named_tools():
@@ -487,7 +520,8 @@ class FakeServing:
         self.check_model(body.get("model"))
         return body
 
-    async def chat_result(self, request, body, fit_max_tokens=False, drop_old_turns=False):
+    async def chat_result(self, request, body, fit_max_tokens=False, drop_old_turns=False,
+                          report_cached=False):
         self.bodies.append(body)
         if body.get("max_tokens") == 99:
             raise APIError(400, "too long", "max_tokens")
@@ -669,7 +703,8 @@ def test_a_background_run_that_breaks_fails_with_a_terminal_event_and_leaves_the
         yield chunk({"role": "assistant", "content": ""})
         raise RuntimeError("boom")
 
-    async def chat_result(request, body, fit_max_tokens=False, drop_old_turns=False):
+    async def chat_result(request, body, fit_max_tokens=False, drop_old_turns=False,
+                          report_cached=False):
         return broken_chunks()
 
     serving.chat_result = chat_result

@@ -314,13 +314,16 @@ class OpenAIServing:
         return await self.chat_result(request, self.parse_body(request), as_data=False)
 
     async def chat_result(self, request: Request, body: dict, as_data: bool = True,
-                          fit_max_tokens: bool = False, drop_old_turns: bool = False):
+                          fit_max_tokens: bool = False, drop_old_turns: bool = False,
+                          report_cached: bool = False):
         """A chat request's answer. as_data: the response as a dict, or (stream true) an async
         iterator of chunk dicts, which other APIs (Anthropic's, Responses) translate; the
         caller must exhaust or aclose() it. Else the HTTP response. fit_max_tokens: max_tokens
         is capped at the room the prompt leaves in the model length (vLLM's Responses reads
         max_output_tokens so), where chat refuses a request that asks for more. drop_old_turns:
-        a conversation too long for the model loses its oldest exchanges (_chat_prompt)."""
+        a conversation too long for the model loses its oldest exchanges (_chat_prompt).
+        report_cached: usage names the cached prompt tokens without --enable-prompt-tokens-
+        details (vLLM's Responses reports them always)."""
         stream = field(body, "stream", bool, False)
         check_fields(body, "chat")
         check_unsupported(body, stream)
@@ -359,7 +362,8 @@ class OpenAIServing:
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
             self._reasoning_parser(thinking), include_reasoning, parallel)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
-                                   role=role, output=output, as_data=as_data, chat_echo=echo_text)
+                                   role=role, output=output, as_data=as_data, chat_echo=echo_text,
+                                   report_cached=report_cached)
 
     def _fitted(self, params, prompt_tokens: int, refuse: bool = True):
         """params with max_tokens at most the room a prompt of prompt_tokens leaves (the
@@ -409,7 +413,8 @@ class OpenAIServing:
 
     async def _respond(self, request, body, prompts, params, stream: bool, chat: bool,
                        echo: bool = False, echo_only: bool = False, role: str = "assistant",
-                       output=ChoiceOutput, as_data: bool = False, chat_echo: str | None = None):
+                       output=ChoiceOutput, as_data: bool = False, chat_echo: str | None = None,
+                       report_cached: bool = False):
         # everything that can refuse the request is read before any prompt is admitted
         priority = field(body, "priority", int, 0)
         include_usage = continuous = False
@@ -425,7 +430,7 @@ class OpenAIServing:
         request_id = ("chatcmpl-" if chat else "cmpl-") + base
         streams = self._start(prompts, params, request_id, priority, client_id)
         meta = {"id": request_id, "created": int(time.time()), "model": self.model_name,
-                "role": role, "cached_tokens": [0] * len(prompts),
+                "role": role, "cached_tokens": [0] * len(prompts), "report_cached": report_cached,
                 "output": output,  # chat: () -> a choice's ChoiceOutput
                 "n": params.n, "prompt_tokens": [len(ids) for _, ids in prompts], "chat": chat,
                 "prompt_ids": [ids for _, ids in prompts], "echo_only": echo_only,
@@ -504,5 +509,6 @@ class OpenAIServing:
         """A response's usage; with --enable-prompt-tokens-details, the prompt tokens the
         prefix cache served (vLLM 0.32 reports them whenever the flag is on, 0 included; over
         several prompts pyserve sums them, where vLLM reports one prompt's)."""
-        cached = sum(meta["cached_tokens"]) if self.config.enable_prompt_tokens_details else None
+        reported = self.config.enable_prompt_tokens_details or meta.get("report_cached")
+        cached = sum(meta["cached_tokens"]) if reported else None
         return objects.usage(prompt_tokens, completion_tokens, cached)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import AsyncIterator
 from urllib.parse import parse_qs
 
@@ -16,7 +18,17 @@ from pyserve.server.values import brief
 from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
 from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
-from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, with_answer
+from pyserve.server.openai.responses.items import with_answer
+from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields
+
+logger = logging.getLogger("pyserve.requests")
+
+
+@functools.cache
+def _log_no_auto_tools() -> None:
+    logger.warning("A Responses request gives tools with tool_choice \"auto\", but the server was "
+                   "started without --enable-auto-tool-choice and --tool-call-parser: the tools are "
+                   "shown to the model and its answer is read as text (as vLLM does); this is logged once")
 
 
 class ResponsesAPI:
@@ -41,11 +53,18 @@ class ResponsesAPI:
                                "poll it until it ends, then continue from it", "previous_response_id")
             history = entry.conversation
         chat, conversation = chat_body(body, history)
+        if (chat.get("tools") and chat.get("tool_choice") in (None, "auto")
+                and not self.serving.config.enable_auto_tool_choice):
+            # vLLM's Responses reads no tool calls then: the tools are in the prompt, the
+            # answer is text (the chat route refuses "auto" without the flag)
+            _log_no_auto_tools()
+            chat["tool_choice"] = "none"
         keep = field(body, "store", bool, True)
         turn = Turn(body, self.serving.defaults, self.serving.model_name)
         try:
             result = await self.serving.chat_result(request, chat, fit_max_tokens=True,
-                                                    drop_old_turns=body.get("truncation") == "auto")
+                                                    drop_old_turns=body.get("truncation") == "auto",
+                                                    report_cached=True)
         except APIError as exc:  # name the Responses field, not the chat field it became
             raise APIError(exc.status, exc.message, PARAMS.get(exc.param, exc.param),
                            exc.headers) from None

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from pyserve.server.openai.responses.output import TERMINAL_EVENTS, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
-from pyserve.server.openai.responses.translate import with_answer
+from pyserve.server.openai.responses.items import with_answer
 
 logger = logging.getLogger("pyserve.requests")
 

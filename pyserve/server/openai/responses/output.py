@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 import orjson
 
 from pyserve.server.openai.params import field
-from pyserve.server.openai.responses.translate import continues_last_message
+from pyserve.server.openai.responses.items import continues_last_message
 
 
 # the statuses of a response that has not ended (a background one's, or a stream's events')
@@ -101,8 +101,10 @@ def _reasoning_echo(reasoning) -> dict | None:
     chat template's reasoning_effort; summary, or its older name generate_summary)."""
     if not isinstance(reasoning, dict):
         return None
-    return {"effort": reasoning.get("effort"),
+    echo = {"effort": reasoning.get("effort"),
             "summary": reasoning.get("summary") or reasoning.get("generate_summary")}
+    echo.update({key: reasoning[key] for key in ("context", "mode") if reasoning.get(key) is not None})
+    return echo
 
 
 class Turn:
@@ -137,7 +139,8 @@ class Turn:
             "prompt_cache_key": body.get("prompt_cache_key"),
             "service_tier": body.get("service_tier") or "auto",  # vLLM's echo (it has one tier)
             "background": field(body, "background", bool, False),
-            "top_logprobs": field(body, "top_logprobs", int, 0)}
+            "top_logprobs": field(body, "top_logprobs", int, 0),
+            "max_tool_calls": field(body, "max_tool_calls", int)}
 
     def response(self, status: str, output: list[dict], chat_usage: dict | None = None,
                  error: dict | None = None) -> dict:

@@ -1,15 +1,9 @@
-"""A Responses request -> the OpenAI chat body that serves it, and its input items -> chat
-messages (for the prompt, and for the store that later turns build on).
+"""A Responses request -> the OpenAI chat body that serves it (its input items read as chat
+messages by items.py, for the prompt and for the store that later turns build on).
 
-    input (a string, or items)      messages: a string is one user message; message items
-                                    keep their role (developer is the chat path's system),
-                                    input_text / output_text parts joined with newlines;
-                                    function_call items -> an assistant turn's tool_calls
-                                    (consecutive calls, and a text turn just before them, are
-                                    one assistant message); function_call_output -> a tool
-                                    message; reasoning items -> the next assistant turn's
-                                    reasoning_content (encrypted_content: a 400); a last
-                                    assistant message of status incomplete is continued
+    input (a string, or items)      messages: a string is one user message; items as
+                                    items.py reads them; a last assistant message of status
+                                    incomplete (or in_progress) is continued
                                     (continue_final_message), as vLLM continues it
     instructions                    a system message first (not kept for later turns)
     previous_response_id            that response's conversation (its input, and its output
@@ -23,10 +17,17 @@ messages (for the prompt, and for the store that later turns build on).
                                     {"name"}}; allowed_tools: only the tools it names, in its
                                     mode
     text.format                     response_format: json_schema {name, schema, strict},
-                                    json_object, or nothing for text
+                                    json_object, or nothing for text; with a forced tool call
+                                    (required, a named function) none: that turn's answer is
+                                    the call, the format is for the message after it
+    max_tool_calls                  caps built-in (hosted) tool calls, of which there are none
+                                    here: checked and echoed
     parallel_tool_calls             the same
     reasoning {"effort", "summary"} reasoning_effort (the chat template's variable); a summary
-                                    asked for is the whole reasoning (output.py: no summarizer)
+                                    asked for is the whole reasoning (output.py: no summarizer);
+                                    context "current_turn" drops earlier turns' reasoning from
+                                    the prompt ("all_turns" and "auto" leave it to the
+                                    template); mode "standard" (the only one)
     truncation                      "auto": a conversation too long for the model loses its
                                     oldest exchanges (serving._chat_prompt)
     stream                          stream, with stream_options.include_usage
@@ -45,14 +46,16 @@ from __future__ import annotations
 import json
 
 from pyserve.server.errors import APIError
-from pyserve.server.request_limits import MAX_MESSAGES, MAX_TOOLS
+from pyserve.server.openai.responses.items import (continues_last_message, current_turn_reasoning,
+                                                   input_messages)
+from pyserve.server.request_limits import MAX_TOOLS
 from pyserve.server.values import brief, capped, field, log_ignored_fields
 
 # read here (and echoed in the response)
 IMPLEMENTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
                "tool_choice", "text", "stream", "store", "previous_response_id",
                "parallel_tool_calls", "include", "background", "reasoning", "top_logprobs",
-               "truncation"}
+               "truncation", "max_tool_calls"}
 # vLLM's extra ResponsesRequest fields, handed to the chat path as they are
 PASSED_THROUGH = {"top_k", "repetition_penalty", "seed", "stop", "ignore_eos", "structured_outputs",
                   "skip_special_tokens", "include_stop_str_in_output", "logit_bias", "priority",
@@ -66,10 +69,12 @@ NO_EFFECT = {"metadata", "user", "service_tier", "safety_identifier", "prompt_ca
 TRUNCATIONS = ("auto", "disabled")
 # what reasoning.summary (or its older name, generate_summary) may ask for
 SUMMARIES = ("auto", "concise", "detailed")
+# which turns' reasoning the prompt carries
+REASONING_CONTEXTS = ("auto", "current_turn", "all_turns")
 # OpenAI's service tiers (vLLM's Responses request takes these)
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # field -> the value that asks for nothing pyserve lacks; anything else is a 400
-REFUSED_UNLESS_DEFAULT = {"max_tool_calls": None, "prompt": None, "conversation": None,
+REFUSED_UNLESS_DEFAULT = {"prompt": None, "conversation": None,
                           "context_management": None,
                           "moderation": None,  # no moderation model here
                           # vLLM's ResponsesRequest fields pyserve does not implement
@@ -87,8 +92,6 @@ INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_c
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's bounds on metadata
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
-TEXT_PARTS = ("input_text", "output_text")
-INPUT_ROLES = ("user", "system", "developer", "assistant")
 # a chat-path error's param -> the Responses field it came from
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
           "reasoning_effort": "reasoning"}
@@ -102,6 +105,9 @@ def check_fields(body: dict) -> None:
     unknown = set(body) - known
     log_ignored_fields(unknown)
     _check_reasoning(body.get("reasoning"))
+    calls = field(body, "max_tool_calls", int)
+    if calls is not None and calls < 1:
+        raise APIError(400, f"max_tool_calls must be at least 1, got {calls}", "max_tool_calls")
     if body.get("truncation") not in (None, *TRUNCATIONS):
         raise APIError(400, f"truncation must be \"auto\" or \"disabled\", got "
                        f"{brief(body['truncation'])}", "truncation")
@@ -156,135 +162,6 @@ def _check_metadata(metadata) -> None:
                            f"at most {METADATA_VALUE}", "metadata")
 
 
-def _text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"{where}: content must be a string or a list of text parts", "input")
-    texts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "refusal" and isinstance(part.get("refusal"), str):  # an answer's refusal
-            texts.append(part["refusal"])
-            continue
-        if kind not in TEXT_PARTS:
-            raise APIError(400, f"{where}: content part type {brief(kind)} is not supported; only "
-                           "input_text and output_text parts are", "input")
-        if not isinstance(part.get("text"), str):
-            raise APIError(400, f"{where}: an {kind} part needs a text string", "input")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise APIError(400, f"{where}: {key} must be a string", "input")
-    return value
-
-
-def input_messages(items, where: str = "input") -> list[dict]:
-    """A request's input (or a response's output, which has the same item shapes) as chat
-    messages."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise APIError(400, f"{where} must be a string or a non-empty list of items", "input")
-    if len(items) > MAX_MESSAGES:  # before any is translated
-        raise APIError(400, f"{where} may hold at most {MAX_MESSAGES} items, got {len(items)}", "input")
-    messages: list[dict] = []
-    for i, item in enumerate(items):
-        at = f"{where}[{i}]"
-        if not isinstance(item, dict):
-            raise APIError(400, f"{at} must be an object", "input")
-        kind = item.get("type", "message")
-        last = messages[-1] if messages else None
-        # reasoning opens an assistant turn (vLLM's reading) that the answer after it, text or
-        # calls, completes; with none after it, it stays a turn of its own
-        thought = last is not None and _reasoning_only(last)
-        if kind == "reasoning":
-            text = _reasoning_text(item, at)
-            if thought:
-                last["reasoning_content"] += "\n" + text
-            else:
-                messages.append({"role": "assistant", "content": None, "reasoning_content": text})
-        elif kind == "message":
-            role = item.get("role")
-            if role not in INPUT_ROLES:
-                raise APIError(400, f"{at}: role must be one of {', '.join(INPUT_ROLES)}", "input")
-            if role == "assistant" and thought:
-                last["content"] = _text(item.get("content"), at)
-            else:
-                messages.append({"role": role, "content": _text(item.get("content"), at)})
-        elif kind == "function_call":
-            call = {"id": _string(item, "call_id", at), "type": "function",
-                    "function": {"name": _string(item, "name", at),
-                                 "arguments": _string(item, "arguments", at)}}
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)  # one assistant turn
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", at),
-                             "content": _text(item.get("output"), at)})
-        else:
-            raise APIError(400, f"{at}: input item type {brief(kind)} is not supported; only message, "
-                           "reasoning, function_call and function_call_output items are", "input")
-    if all(_reasoning_only(m) for m in messages):
-        raise APIError(400, f"{where} holds no message: reasoning items alone are no conversation", "input")
-    return messages
-
-
-def _reasoning_only(message: dict) -> bool:
-    """An assistant turn of reasoning that no answer has completed yet."""
-    return (message["role"] == "assistant" and message.get("reasoning_content") is not None
-            and message.get("content") is None and not message.get("tool_calls"))
-
-
-def _reasoning_text(item: dict, at: str) -> str:
-    """A reasoning item's text (its reasoning_text parts, else its summary's): what a
-    template that renders past reasoning shows. Encrypted reasoning is another server's."""
-    if item.get("encrypted_content") is not None:
-        raise APIError(400, f"{at}: encrypted_content cannot be read by this server", "input")
-    texts = []
-    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
-        parts = item.get(key) or []
-        if not isinstance(parts, list):
-            raise APIError(400, f"{at}: {key} must be a list of parts", "input")
-        for part in parts:
-            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
-                raise APIError(400, f"{at}: {key} parts must be {kind} parts with a text", "input")
-            texts.append(part["text"])
-        if texts:
-            break
-    return "\n".join(texts)
-
-
-def with_answer(conversation: list[dict], output: list[dict], continued: bool) -> list[dict]:
-    """The conversation with a response's output items as its next turn(s); a continued
-    message (continues_last_message) takes the answer's text as the rest of its own, so a
-    later turn renders one assistant message, as the model wrote it."""
-    answer = input_messages(output, "output")
-    last, first = (conversation[-1] if conversation else None), answer[0]
-    if not (continued and last is not None and last["role"] == "assistant" and first["role"] == "assistant"
-            and isinstance(last.get("content"), str) and isinstance(first.get("content"), str)):
-        return conversation + answer
-    joined = {**first, **last, "content": last["content"] + first["content"]}
-    reasoning = "\n".join(filter(None, (last.get("reasoning_content"), first.get("reasoning_content"))))
-    if reasoning:
-        joined["reasoning_content"] = reasoning
-    if first.get("tool_calls"):
-        joined["tool_calls"] = first["tool_calls"]
-    return conversation[:-1] + [joined] + answer[1:]
-
-
-def continues_last_message(items) -> bool:
-    """The input ends with an assistant message left incomplete: the answer continues it."""
-    last = items[-1] if isinstance(items, list) and items else None
-    return (isinstance(last, dict) and last.get("type", "message") == "message"
-            and last.get("role") == "assistant" and last.get("status") == "incomplete")
-
-
 def chat_tools(tools) -> list[dict] | None:
     if tools is None:
         return None
@@ -336,6 +213,15 @@ def chat_tool_choice(choice, has_tools: bool):
                    '{"type": "function", "name": ...}', "tool_choice")
 
 
+def forces_a_call(choice) -> bool:
+    """Whether a (chat-form) tool_choice makes the answer a tool call."""
+    if choice == "required":
+        return True
+    if not isinstance(choice, dict):
+        return False
+    return choice.get("type") == "function" or (choice.get("allowed_tools") or {}).get("mode") == "required"
+
+
 def response_format(text) -> dict | None:
     """text.format -> the chat path's response_format (None for plain text)."""
     if text is None:
@@ -369,9 +255,15 @@ def _check_reasoning(reasoning) -> None:
     if not isinstance(reasoning, dict):
         raise APIError(400, "reasoning must be an object", "reasoning")
     for key, value in reasoning.items():
-        if key not in ("effort", "summary", "generate_summary"):
+        if key not in ("effort", "summary", "generate_summary", "context", "mode"):
             raise APIError(400, f"reasoning.{brief(key)} is not a reasoning field", "reasoning")
-        if key != "effort" and value not in (None, *SUMMARIES):
+        if key == "context" and value not in (None, *REASONING_CONTEXTS):
+            raise APIError(400, f"reasoning.context must be one of {', '.join(REASONING_CONTEXTS)}, "
+                           f"got {brief(value)}", "reasoning")
+        if key == "mode" and value not in (None, "standard"):
+            raise APIError(400, f"reasoning.mode {brief(value)} is not supported by this server "
+                           "(only \"standard\")", "reasoning")
+        if key in ("summary", "generate_summary") and value not in (None, *SUMMARIES):
             raise APIError(400, f"reasoning.{key} must be one of {', '.join(SUMMARIES)}, got "
                            f"{brief(value)}", "reasoning")
 
@@ -384,8 +276,11 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
         raise APIError(400, "input is required", "input")
     conversation = history + input_messages(body["input"])
     instructions = field(body, "instructions", str)
+    shown = conversation
+    if (body.get("reasoning") or {}).get("context") == "current_turn":
+        shown = current_turn_reasoning(conversation)
     chat: dict = {"messages": ([{"role": "system", "content": instructions}] if instructions else [])
-                  + conversation}
+                  + shown}
     if body.get("model") is not None:
         chat["model"] = body["model"]
     max_output = field(body, "max_output_tokens", int)
@@ -411,7 +306,7 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     if choice is not None:
         chat["tool_choice"] = choice
     fmt = response_format(body.get("text"))
-    if fmt is not None:
+    if fmt is not None and not forces_a_call(choice):
         chat["response_format"] = fmt
     if continues_last_message(body["input"]):
         chat["add_generation_prompt"], chat["continue_final_message"] = False, True
