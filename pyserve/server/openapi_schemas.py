@@ -294,8 +294,11 @@ def _responses(facts) -> dict:
              "content": nullable({"type": "array", "items": obj(
                  {"type": {"const": "reasoning_text"}, "text": STRING}, ("type", "text"))})},
             ("type",))]}
-    tool = obj({"type": {"const": "function"}, "name": STRING, "description": nullable(STRING),
-                "parameters": nullable({"type": "object"}), "strict": nullable(BOOL)}, ("type", "name"))
+    function = obj({"type": {"const": "function"}, "name": STRING, "description": nullable(STRING),
+                    "parameters": nullable({"type": "object"}), "strict": nullable(BOOL)}, ("type", "name"))
+    namespace = obj({"type": {"const": "namespace"}, "name": STRING, "description": nullable(STRING),
+                     "tools": {"type": "array", "items": function, "minItems": 1}}, ("type", "name", "tools"))
+    tool = {"anyOf": [function, namespace]}
     fmt = {"anyOf": [obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),
                      obj({"type": {"const": "json_schema"}, "name": STRING,
                           "schema": {"type": "object"}, "strict": nullable(BOOL)},

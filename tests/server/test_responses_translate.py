@@ -145,6 +145,28 @@ def test_a_forced_call_takes_no_text_format_and_max_tool_calls_is_echoed():
     assert refused({"input": "x", "max_tool_calls": 0}).param == "max_tool_calls"
 
 
+def test_namespace_tools_are_flat_chat_functions_named_back():
+    """The Agents SDK's tool_namespace(): each function is namespace__name on the chat path
+    (vLLM's flat names), and its calls come back named with their namespace."""
+    crm = {"type": "namespace", "name": "crm", "description": "CRM tools",
+           "tools": [{**ADD, "name": "lookup"}]}
+    chat, _ = chat_body({"input": "x", "tools": [ADD, crm], "tool_choice": "required"}, [])
+    assert [t["function"]["name"] for t in chat["tools"]] == ["add", "crm__lookup"]
+    assert refused({"input": "x", "tools": [{**crm, "tools": [{"type": "custom", "name": "c"}]}]}).param == "tools"
+    call = {"id": "call_1", "type": "function", "function": {"name": "crm__lookup", "arguments": "{}"}}
+    out = turn(tools=[ADD, crm]).from_completion(completion({"content": None, "tool_calls": [call]}))
+    item = sdk.Response.model_validate(out).output[0]
+    assert (item.type, item.name, item.namespace) == ("function_call", "lookup", "crm")
+    events, done = run_events(turn(tools=[crm]), [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": "crm__lookup", "arguments": "{}"}}]}, "tool_calls")])
+    added = [EVENT.validate_python(e) for e in events if e["type"] == "response.output_item.added"]
+    assert (added[0].item.name, added[0].item.namespace) == ("lookup", "crm")
+    # sent back, the call is the flat chat name again
+    assert input_messages([out["output"][0]])[0]["tool_calls"][0]["function"]["name"] == "crm__lookup"
+
+
 def test_reasoning_context_and_mode():
     history = [{"role": "user", "content": "Q1"},
                {"role": "assistant", "content": "A1", "reasoning_content": "Because."}]

@@ -18,6 +18,8 @@ from pyserve.server.values import brief
 
 TEXT_PARTS = ("input_text", "output_text")
 INPUT_ROLES = ("user", "system", "developer", "assistant")
+# a namespace tool's function is named namespace + this + name on the chat path (vLLM's)
+NAMESPACE_SEPARATOR = "__"
 
 
 def _text(content, where: str) -> str:
@@ -81,9 +83,11 @@ def input_messages(items, where: str = "input") -> list[dict]:
             else:
                 messages.append({"role": role, "content": _text(item.get("content"), at)})
         elif kind == "function_call":
+            name = _string(item, "name", at)
+            if item.get("namespace") is not None:  # a namespace tool's: its flat chat name
+                name = _string(item, "namespace", at) + NAMESPACE_SEPARATOR + name
             call = {"id": _string(item, "call_id", at), "type": "function",
-                    "function": {"name": _string(item, "name", at),
-                                 "arguments": _string(item, "arguments", at)}}
+                    "function": {"name": name, "arguments": _string(item, "arguments", at)}}
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # one assistant turn
             else:

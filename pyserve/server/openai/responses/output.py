@@ -30,6 +30,7 @@ import orjson
 
 from pyserve.server.openai.params import field
 from pyserve.server.openai.responses.items import continues_last_message
+from pyserve.server.openai.responses.translate import namespaced_names
 
 
 # the statuses of a response that has not ended (a background one's, or a stream's events')
@@ -78,9 +79,13 @@ def chat_logprobs(choice: dict) -> list[dict]:
 
 
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed",
-              item_id: str | None = None) -> dict:
-    return {"type": "function_call", "id": item_id or _id("fc_"), "call_id": call_id, "name": name,
+              item_id: str | None = None, namespaces: dict | None = None) -> dict:
+    """namespaces: the request's flat namespace-tool names -> (namespace, name)."""
+    item = {"type": "function_call", "id": item_id or _id("fc_"), "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
+    if namespaces and name in namespaces:
+        item["namespace"], item["name"] = namespaces[name]
+    return item
 
 
 def usage(chat_usage: dict | None) -> dict:
@@ -117,6 +122,7 @@ class Turn:
         self.continues = continues_last_message(body.get("input"))
         echo = _reasoning_echo(body.get("reasoning"))
         self.summarized = echo is not None and echo["summary"] is not None
+        self.namespaces = namespaced_names(body.get("tools"))
         choice = body.get("tool_choice")
         text = dict(body.get("text") or {})
         if text.get("format") is None:  # OpenAI's echo names the plain format
@@ -158,7 +164,8 @@ class Turn:
                   if message.get("reasoning") else [])
         output += ([message_item(message["content"], logprobs=chat_logprobs(choice))]
                    if message.get("content") else [])
-        output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
+        output += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
+                             namespaces=self.namespaces)
                    for c in message.get("tool_calls") or []]
         cut_in_reasoning = not any(item["type"] != "reasoning" for item in output)
         if cut_in_reasoning:
@@ -173,7 +180,7 @@ class Turn:
         """The stream's events from the chat chunks (first: the one already read, None if
         there were none, or UNREAD: read after the opening events, which then go out before
         the prefill); the final response is appended to done."""
-        stream = _Events(self.summarized)
+        stream = _Events(self.summarized, self.namespaces)
         yield stream.event("response.created", response=self.response("in_progress", []))
         yield stream.event("response.in_progress", response=self.response("in_progress", []))
         chunk = await anext(chunks, None) if first is UNREAD else first
@@ -199,8 +206,9 @@ class Turn:
 class _Events:
     """The state of one stream: its items so far, the open one, the chat calls' items."""
 
-    def __init__(self, summarized: bool):
+    def __init__(self, summarized: bool, namespaces: dict):
         self.summarized = summarized  # reasoning items carry their text as a summary too
+        self.namespaces = namespaces  # flat namespace-tool names -> (namespace, name)
         self.sequence = 0
         self.items: list[dict] = []
         self.open: int | None = None  # output index of the item still receiving deltas
@@ -258,7 +266,7 @@ class _Events:
                 if call["index"] not in self.calls:
                     events += self.close(None)
                     events += self._add(call_item(call.get("id") or _id("call_"), function.get("name", ""),
-                                                  "", "in_progress"))
+                                                  "", "in_progress", namespaces=self.namespaces))
                     self.calls[call["index"]] = self.open
                 index = self.calls[call["index"]]
                 if function.get("arguments"):

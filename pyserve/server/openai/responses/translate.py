@@ -11,7 +11,9 @@ messages by items.py, for the prompt and for the store that later turns build on
     max_output_tokens               max_tokens, capped at the room the prompt leaves in the
                                     model length (vLLM's Responses caps it; chat refuses)
     temperature, top_p              the same
-    tools (function tools)          chat tools {"type": "function", "function": {...}}
+    tools (function tools)          chat tools {"type": "function", "function": {...}}; a
+                                    namespace tool's functions named namespace__name (vLLM's
+                                    flat names), their calls named back with a namespace
     tool_choice                     "auto" | "none" | "required" the same; {"type":
                                     "function", "name"} -> {"type": "function", "function":
                                     {"name"}}; allowed_tools: only the tools it names, in its
@@ -46,8 +48,8 @@ from __future__ import annotations
 import json
 
 from pyserve.server.errors import APIError
-from pyserve.server.openai.responses.items import (continues_last_message, current_turn_reasoning,
-                                                   input_messages)
+from pyserve.server.openai.responses.items import (NAMESPACE_SEPARATOR, continues_last_message,
+                                                   current_turn_reasoning, input_messages)
 from pyserve.server.request_limits import MAX_TOOLS
 from pyserve.server.values import brief, capped, field, log_ignored_fields
 
@@ -173,20 +175,49 @@ def chat_tools(tools) -> list[dict] | None:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(kind, str):
             raise APIError(400, f"tools[{i}] must be an object with a type", "tools")
+        if kind == "namespace":  # its functions, named namespace__name (vLLM's flat names)
+            inner = tool.get("tools")
+            if not isinstance(tool.get("name"), str) or not isinstance(inner, list) or not inner:
+                raise APIError(400, f"tools[{i}]: a namespace tool needs a name and a list of tools",
+                               "tools")
+            for j, member in enumerate(inner):
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    hosted.append(f"{member.get('type') if isinstance(member, dict) else member} "
+                                  f"(in namespace {tool['name']})")
+                    continue
+                out.append(_function(member, f"tools[{i}].tools[{j}]", tool["name"] + NAMESPACE_SEPARATOR))
+            continue
         if kind != "function":
             hosted.append(kind)
             continue
-        if not isinstance(tool.get("name"), str):
-            raise APIError(400, f"tools[{i}]: a function tool needs a name", "tools")
-        if field(tool, "defer_loading", bool, False):
-            raise APIError(400, f"tools[{i}].defer_loading: deferred tools (tool search) are not "
-                           "supported by this server", "tools")
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
-                    if tool.get(key) is not None}
-        out.append({"type": "function", "function": function})
+        out.append(_function(tool, f"tools[{i}]"))
     if hosted:
         raise APIError(400, "tool types not supported by this server: "
                        f"{', '.join(dict.fromkeys(hosted))}; only function tools are", "tools")
+    return out
+
+
+def _function(tool: dict, at: str, prefix: str = "") -> dict:
+    """A function tool in the chat form (its name after prefix: a namespace's)."""
+    if not isinstance(tool.get("name"), str):
+        raise APIError(400, f"{at}: a function tool needs a name", "tools")
+    if field(tool, "defer_loading", bool, False):
+        raise APIError(400, f"{at}.defer_loading: deferred tools (tool search) are not "
+                       "supported by this server", "tools")
+    function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
+                if tool.get(key) is not None}
+    function["name"] = prefix + function["name"]
+    return {"type": "function", "function": function}
+
+
+def namespaced_names(tools) -> dict[str, tuple[str, str]]:
+    """A request's namespace tools' flat names -> (namespace, name), to name its calls back."""
+    out = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for member in tool["tools"]:
+                if isinstance(member, dict) and isinstance(member.get("name"), str):
+                    out[tool["name"] + NAMESPACE_SEPARATOR + member["name"]] = (tool["name"], member["name"])
     return out
 
 
