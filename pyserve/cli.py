@@ -23,8 +23,10 @@ from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, G
                             KV_CACHE_DTYPES, LOAD_FORMATS, RAY_COLLECTIVES,
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
-from pyserve.vllm_flags import (add_foreign_flags, check_foreign, human_readable_int,
-                                 human_readable_int_or_auto, normalize_argv, refuse_unknown)
+from pyserve.model.hub import is_hub_id, resolve_hub_model
+from pyserve.vllm_flags import (add_foreign_flags, check_foreign, expand_config_file,
+                                 human_readable_int, human_readable_int_or_auto, normalize_argv,
+                                 refuse_unknown)
 
 ENV_PREFIX = "PYSERVE_"
 # uvicorn's names, as vLLM's --uvicorn-log-level takes them; trace is logged as debug
@@ -123,7 +125,24 @@ def build_parser(prog: str = "python -m pyserve") -> argparse.ArgumentParser:
     _server_flags(parser.add_argument_group("server"))
     _logging_flags(parser.add_argument_group("logging"))
     add_foreign_flags(parser)
+    _add_negations(parser)
     return parser
+
+
+def _add_negations(parser: argparse.ArgumentParser) -> None:
+    """--no-X for every switch --X, as vLLM's boolean flags take both forms: it leaves the
+    switch off (a FOREIGN switch turned off asks for nothing)."""
+    taken = {option for action in parser._actions for option in action.option_strings}
+    for action in list(parser._actions):
+        if not isinstance(action, argparse._StoreTrueAction):
+            continue
+        for option in action.option_strings:
+            negated = "--no-" + option[2:]
+            if option.startswith("--") and negated not in taken:
+                parser.add_argument(negated, dest=action.dest, action="store_const",
+                                    const=None if action.default is None else False,
+                                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                taken.add(negated)
 
 
 def _model_flags(g) -> None:
@@ -236,7 +255,8 @@ def _parallel_flags(g) -> None:
                         "over the cluster's nodes")
     g.add_argument("--device", choices=DEVICES, default="auto")
     g.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
-    g.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
+    g.add_argument("--cuda-graph-sizes", "--cudagraph-capture-sizes", type=_positive_int, nargs="+",
+                   default=None,
                    help="decode batch sizes captured as CUDA graphs: one value N -> 1, 2, 4 and "
                         "multiples of 8 up to N; several -> exactly those (default: up to "
                         "--max-num-seqs)")
@@ -256,6 +276,9 @@ def _server_flags(g) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM lets running requests finish before aborting them")
     g.add_argument("--chat-template", help="chat template file or inline Jinja, overriding the model's")
+    g.add_argument("--default-chat-template-kwargs", type=_json_object,
+                   help="JSON object of chat_template_kwargs every request starts from (a request's "
+                   "own win), e.g. '{\"enable_thinking\": false}'")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="let a request bring its own chat_template (else it gets 400)")
     g.add_argument("--response-role", default="assistant",
@@ -383,7 +406,10 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
     parser = build_parser(prog)
     _apply_env_defaults(parser, environ)
     _apply_vllm_env(parser, environ)
-    argv = normalize_argv(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_config_file(normalize_argv(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        parser.error(str(exc))
     namespace, extras = parser.parse_known_args(argv)
     refuse_unknown(parser, extras)
     args = vars(namespace)
@@ -392,6 +418,15 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
         if args["model"] not in (None, parser.get_default("model"), tag):
             parser.error(f"the model is given twice: MODEL {tag} and --model {args['model']}")
         args["model"] = tag
+    if args["model"] is not None and is_hub_id(args["model"]):  # vLLM's `serve org/name`
+        hub_id = args["model"]
+        try:
+            args["model"] = resolve_hub_model(hub_id, args["revision"], args["hf_token"], environ)
+        except ValueError as exc:
+            parser.error(f"--model: {exc}")
+        args["revision"] = args["hf_token"] = None  # used: nothing to warn about
+        if args["served_model_name"] is None:  # the API names the model as it was asked for
+            args["served_model_name"] = [hub_id]
     try:
         warnings = check_foreign(args)
     except ValueError as exc:
@@ -400,11 +435,14 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
     if args.pop("disable_log_stats"):
         args["log_stats_interval"] = 0.0
     log_level = args.pop("log_level") or "info"
-    if args["override_generation_config"] is None:
-        del args["override_generation_config"]
+    for name in ("override_generation_config", "default_chat_template_kwargs"):
+        if args[name] is None:
+            del args[name]
     if args["kv_cache_memory"] is None:
         args["kv_cache_memory"] = _cpu_kv_cache_space(parser, environ, args["device"])
     args["test_fault_step"] = _test_fault_step(parser, environ)
+    args["allow_long_max_model_len"] = (
+        environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true", "yes", "on"))
     try:
         config = Config.from_flat(**args)
     except ConfigError as exc:

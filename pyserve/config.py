@@ -40,6 +40,9 @@ class ModelConfig:
     served_model_name: tuple[str, ...] | None = None
     dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: a --max-model-len beyond max_position_embeddings is
+    # taken (with a warning: positions past the model's training may degrade outputs)
+    allow_long_max_model_len: bool = False
     seed: int = 0
     load_format: str = "auto"
     max_logprobs: int = 20
@@ -201,6 +204,8 @@ class ServerConfig:
     max_num_queued_requests: int | None = None  # None: unbounded; beyond it, 429
     shutdown_timeout: float = 30.0  # seconds SIGTERM lets running requests finish
     chat_template: str | None = None  # a file or an inline Jinja template
+    # chat_template_kwargs every request starts from; a request's own win, key by key
+    default_chat_template_kwargs: tuple[tuple[str, object], ...] = ()
     # vLLM 0.32: requests are not logged unless --enable-log-requests
     enable_log_requests: bool = False
     max_log_len: int | None = None  # characters of a prompt a request log line shows; None: all
@@ -248,9 +253,9 @@ class Config:
             values["api_key"] = () if not keys else (keys,)
         else:
             values["api_key"] = tuple(keys)
-        override = values.get("override_generation_config")
-        if isinstance(override, dict):
-            values["override_generation_config"] = tuple(sorted(override.items()))
+        for name in ("override_generation_config", "default_chat_template_kwargs"):
+            if isinstance(values.get(name), dict):  # a frozen config holds pairs
+                values[name] = tuple(sorted(values[name].items()))
         speculative = values.get("speculative_config")
         if isinstance(speculative, (str, dict)):  # JSON from the CLI or PYSERVE_*, a dict from LLM(...)
             values["speculative_config"] = SpeculativeConfig.from_json(speculative)

@@ -58,6 +58,7 @@ HONOURED: dict[str, str | None] = {
     "--allowed-headers": "config.server.allowed_headers",
     "--allow-credentials": "config.server.allow_credentials",
     "--chat-template": "config.server.chat_template",
+    "--default-chat-template-kwargs": "config.server.default_chat_template_kwargs",
     "--enable-log-requests": "config.server.enable_log_requests",
     "--disable-log-requests": None,  # vLLM's old flag: not logging requests is the default
     "--max-log-len": "config.server.max_log_len",
@@ -89,6 +90,18 @@ class ForeignFlag:
         return self.names[0].lstrip("-").replace("-", "_")
 
 
+def _no_media(text: str) -> str:
+    """--limit-mm-per-prompt's JSON -> "none" when every modality's limit is 0 (what a
+    text-only server allows anyway); anything else stays as given, and is refused."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, dict) and all(limit in (0, {"count": 0}) for limit in value.values()):
+        return "none"
+    return text
+
+
 def _structured_outputs_config(text: str) -> str:
     """--structured-outputs-config's JSON -> "xgrammar" when it asks for what pyserve does
     (backend auto or xgrammar, whitespace and additional properties as the schema allows);
@@ -103,7 +116,7 @@ def _structured_outputs_config(text: str) -> str:
     return text
 
 
-_NO_HUB = "loads local model directories and GGUF files only, nothing from the Hugging Face hub"
+_HUB_ONLY = "reads it only to fetch a model given as a Hugging Face id (org/name), not for a local path"
 _NO_TLS = "serves plain HTTP; put a TLS-terminating proxy in front of it"
 _NO_LORA = "serves no LoRA adapters"
 _NO_MM = "serves text-only models"
@@ -139,8 +152,9 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     # accepted with a warning: nothing a client would notice changes
     ForeignFlag(("--trust-remote-code",), "runs no code from model repositories: its own model "
                 "code serves each supported architecture", action="switch"),
-    ForeignFlag(("--revision",), _NO_HUB), ForeignFlag(("--code-revision",), _NO_HUB),
-    ForeignFlag(("--tokenizer-revision",), _NO_HUB), ForeignFlag(("--hf-token",), _NO_HUB),
+    ForeignFlag(("--revision",), _HUB_ONLY), ForeignFlag(("--hf-token",), _HUB_ONLY),
+    ForeignFlag(("--code-revision",), "runs no code from model repositories"),
+    ForeignFlag(("--tokenizer-revision",), "reads the tokenizer of the model's own revision"),
     ForeignFlag(("--swap-space",), "preempts by recomputation and keeps no CPU swap space",
                 type=float),
     ForeignFlag(("--disable-custom-all-reduce",), "has its own collectives (shared memory on the "
@@ -174,6 +188,16 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "with --enable-log-requests)", action="switch"),
     ForeignFlag(("--enable-log-outputs",), "logs requests, not their outputs", action="switch"),
     ForeignFlag(("--otlp-traces-endpoint",), "exports no OpenTelemetry traces"),
+    ForeignFlag(("--performance-mode",), "keeps its own measured scheduling defaults "
+                "(--max-num-seqs, --max-num-batched-tokens set them)", fine=("balanced",)),
+    ForeignFlag(("--optimization-level",), "does not use torch.compile (decode steps replay CUDA "
+                "graphs; --enforce-eager turns them off)", type=int),
+    ForeignFlag(("--stream-interval",), "streams each step's new tokens as they come (the text is "
+                "the same, in more chunks)", type=int, fine=(1,)),
+    ForeignFlag(("--attention-backend",), "picks its own attention kernels (the outputs are the "
+                "same)"),
+    ForeignFlag(("--model-impl",), "runs its own model code for each supported architecture",
+                refuse=True, fine=("auto", "vllm")),
     # refused: pyserve would serve something other than what was asked for
     ForeignFlag(("--ssl-keyfile",), _NO_TLS, refuse=True),
     ForeignFlag(("--ssl-certfile",), _NO_TLS, refuse=True),
@@ -182,14 +206,13 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     ForeignFlag(("--lora-modules",), _NO_LORA, refuse=True, action="many"),
     ForeignFlag(("--max-loras",), _NO_LORA, refuse=True, type=int),
     ForeignFlag(("--max-lora-rank",), _NO_LORA, refuse=True, type=int),
-    ForeignFlag(("--limit-mm-per-prompt",), _NO_MM, refuse=True),
+    ForeignFlag(("--limit-mm-per-prompt",), _NO_MM, refuse=True, type=_no_media, fine=("none",)),
+    ForeignFlag(("--language-model-only",), _NO_MM, action="switch", fine=(True,)),
     ForeignFlag(("--mm-processor-kwargs",), _NO_MM, refuse=True),
     ForeignFlag(("--hf-overrides",), "reads a model's config.json as it is", refuse=True),
     ForeignFlag(("--enable-sleep-mode",), "has no sleep mode", refuse=True, action="switch"),
     ForeignFlag(("--middleware",), "takes no ASGI middleware (it has its own HTTP server)",
                 refuse=True, action="many"),
-    ForeignFlag(("--config",), "reads no YAML config file; pass the flags, or PYSERVE_<FLAG> "
-                "environment variables", refuse=True),
     ForeignFlag(("--guided-decoding-backend",), "compiles every grammar with xgrammar",
                 refuse=True, fine=("auto", "xgrammar")),
     ForeignFlag(("--structured-outputs-config",), "compiles every grammar with xgrammar, its "
@@ -204,8 +227,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "a built-in parser)", refuse=True),
     ForeignFlag(("--enable-force-include-usage",), "sends a stream's usage when "
                 "stream_options.include_usage asks for it", refuse=True, action="switch"),
-    ForeignFlag(("--default-chat-template-kwargs",), "takes chat_template_kwargs per request",
-                refuse=True),
 )
 
 
@@ -306,6 +327,48 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
             arg = name.replace("_", "-") + eq + value
         out.append(arg)
     return out
+
+
+def expand_config_file(argv: Sequence[str]) -> list[str]:
+    """vLLM's --config FILE: the YAML file's keys as flags (max_model_len: 4096 ->
+    --max-model-len 4096; true -> the switch, false -> --no-switch; lists -> several values;
+    mappings -> JSON), placed before the command line's, which wins. Raises ValueError saying
+    what is wrong with the file."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--config" or arg.startswith("--config="):
+            break
+    else:
+        return argv
+    path = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
+    rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
+    if not path:
+        raise ValueError("--config needs a YAML file")
+    import yaml  # transformers' dependency
+
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: the file must hold a mapping of flag names to values")
+    flags = []
+    for key, value in values.items():
+        name = "--" + str(key).replace("_", "-")
+        if value is None:
+            continue
+        if value is True:
+            flags.append(name)
+        elif value is False:
+            flags.append("--no-" + name[2:])
+        elif isinstance(value, list):
+            flags += [name, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [name, json.dumps(value)]
+        else:
+            flags += [name, str(value)]
+    return flags + rest
 
 
 def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str]) -> None:

@@ -57,6 +57,8 @@ HONOURED_EXAMPLES = {
     "--allowed-headers": (["--allowed-headers", "x-a"], ("x-a",)),
     "--allow-credentials": (["--allow-credentials", "--allowed-origins", "https://a.example"], True),
     "--chat-template": (["--chat-template", "{{ messages }}"], "{{ messages }}"),
+    "--default-chat-template-kwargs": (["--default-chat-template-kwargs", '{"enable_thinking": false}'],
+                                       (("enable_thinking", False),)),
     "--enable-log-requests": (["--enable-log-requests"], True),
     "--disable-log-requests": (["--disable-log-requests"], None),
     "--max-log-len": (["--max-log-len", "100"], 100),
@@ -130,7 +132,6 @@ FOREIGN_EXAMPLES = [
     (["--hf-overrides", "{}"], "refused"),
     (["--enable-sleep-mode"], "refused"),
     (["--middleware", "x.y"], "refused"),
-    (["--config", "serve.yaml"], "refused"),
     (["--async-scheduling"], "warned"),
     (["--structured-outputs-config", '{"backend": "xgrammar"}'], "honoured"),
     (["--structured-outputs-config", '{"backend": "auto", "disable_fallback": true}'], "honoured"),
@@ -149,7 +150,15 @@ FOREIGN_EXAMPLES = [
     (["--uds", "/tmp/vllm.sock"], "refused"),
     (["--tool-parser-plugin", "my_parser.py"], "refused"),
     (["--enable-force-include-usage"], "refused"),
-    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], "refused"),
+    (["--limit-mm-per-prompt", '{"image": 0, "video": 0}'], "honoured"),  # text only
+    (["--language-model-only"], "honoured"),
+    (["--performance-mode", "throughput"], "warned"),
+    (["--optimization-level", "3"], "warned"),
+    (["--stream-interval", "1"], "honoured"),
+    (["--stream-interval", "8"], "warned"),
+    (["--attention-backend", "FLASH_ATTN"], "warned"),
+    (["--model-impl", "auto"], "honoured"),
+    (["--model-impl", "transformers"], "refused"),
 ]
 
 
@@ -226,6 +235,53 @@ def test_an_extra_positional_is_named(capsys, tmp_path):
     with pytest.raises(SystemExit):
         parse_serve([str(tmp_path), "extra"], environ={})
     assert "unexpected argument 'extra'" in capsys.readouterr().err
+
+
+def test_every_switch_takes_its_no_form():
+    """vLLM's boolean flags take --no-X too: the switch stays off (a foreign one asks for nothing)."""
+    args = parse_serve(["--enforce-eager", "--no-enforce-eager", "--no-trust-remote-code",
+                        "--no-enable-log-requests", "--no-async-scheduling", "--no-enable-prefix-caching"],
+                       environ={})
+    assert args.config.device.enforce_eager is False and args.warnings == ()
+    assert args.config.cache.enable_prefix_caching is False
+
+
+def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
+    (tmp_path / "serve.yaml").write_text("max_model_len: 1024\nenforce_eager: true\nserved_model_name: [a, b]\n"
+                                         "override_generation_config: {temperature: 0.5}\nport: 8123\n"
+                                         "enable_prefix_caching: false\n")
+    args = parse_serve(["--config", str(tmp_path / "serve.yaml"), "--port", "9000"], environ={})
+    c = args.config
+    assert (c.model.max_model_len, c.device.enforce_eager, c.model.served_model_name) == (1024, True, ("a", "b"))
+    assert c.model.override_generation_config == (("temperature", 0.5),) and c.server.port == 9000
+    assert c.cache.enable_prefix_caching is False
+    with pytest.raises(SystemExit):
+        parse_serve(["--config", str(tmp_path / "missing.yaml")], environ={})
+
+
+def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, tiny_model_factory, capsys):
+    """`serve org/name`, as vLLM takes it: the Hugging Face cache's snapshot (HF_HOME), named as
+    asked; with HF_HUB_OFFLINE a model not in the cache is a clear exit 2."""
+    import shutil
+
+    repo = tmp_path / "hub" / "models--tiny-org--tiny-llama"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tiny_model_factory("llama"), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    args = parse_serve(["tiny-org/tiny-llama", "--revision", "main"], environ=env)
+    assert args.config.model.model == str(repo / "snapshots" / commit) and args.warnings == ()
+    assert args.config.model.served_model_name == ("tiny-org/tiny-llama",)
+    with pytest.raises(SystemExit) as exc:
+        parse_serve(["tiny-org/missing"], environ=env)
+    assert exc.value.code == 2 and "HF_HUB_OFFLINE" in capsys.readouterr().err
+
+
+def test_vllm_allow_long_max_model_len():
+    args = parse_serve(["--max-model-len", "100000"], environ={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    assert args.config.model.allow_long_max_model_len is True
+    assert parse_serve([], environ={}).config.model.allow_long_max_model_len is False
 
 
 def test_underscored_flags_as_vllm_takes_them():

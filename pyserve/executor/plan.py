@@ -83,11 +83,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_max_model_len(requested: int | None, arch) -> int:
+def resolve_max_model_len(requested: int | None, arch, allow_long: bool = False) -> int:
     limit = arch.max_position_embeddings
     if requested is not None and requested > limit:
-        raise ModelLoadError(f"--max-model-len {requested} exceeds the model's "
-                             f"max_position_embeddings ({limit})")
+        if not allow_long:
+            raise ModelLoadError(f"--max-model-len {requested} exceeds the model's "
+                                 f"max_position_embeddings ({limit}); VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                                 "allows it (outputs may degrade past the model's trained length)")
+        logger.warning("--max-model-len %d exceeds the model's max_position_embeddings (%d); taken "
+                       "as VLLM_ALLOW_LONG_MAX_MODEL_LEN allows: outputs may degrade past the "
+                       "model's trained length", requested, limit)
     # sliding windows (Mistral, Qwen2's upper layers, Gemma's local layers) are computed by the
     # attention kernel, so they do not cap the length
     return requested or limit
@@ -205,7 +210,8 @@ def resolve(config: Config) -> EnginePlan:
     arch = source.arch
     st = read_sentence_transformers(source.path)
     encoder = is_encoder(arch.architecture)
-    max_model_len = resolve_max_model_len(config.model.max_model_len, arch)
+    max_model_len = resolve_max_model_len(config.model.max_model_len, arch,
+                                          config.model.allow_long_max_model_len)
     if encoder:
         config, max_model_len = encoder_limits(config, source.hf_config, st, max_model_len,
                                                budget_given)

@@ -99,3 +99,24 @@ def test_fields_that_change_nothing_and_every_reasoning_effort_are_accepted(ask)
         {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
         {"role": "user", "content": "hi"}], "max_tokens": 2})
     assert status == 400 and "function_call" in out["error"]["message"]
+
+
+def test_default_chat_template_kwargs_under_the_requests(tiny_model_factory):
+    """--default-chat-template-kwargs: every request's template starts from them; a request's
+    own chat_template_kwargs win, key by key."""
+    config = Config.from_flat(model=str(tiny_model_factory("llama")), kv_cache_memory="16MiB",
+                              chat_template="{{ greeting }}|{{ mood }}|{% for m in messages %}"
+                                            "{{ m.content }}{% endfor %}",
+                              default_chat_template_kwargs={"greeting": "hello", "mood": "calm"})
+    state = ServerState(config)
+    state.engine = AsyncEngine(EngineCore(config))
+    state.router = _build_routes(state, state.engine)
+    state.phase = "ready"
+
+    def rendered(body: dict) -> str:
+        request = Request("POST", "/tokenize", {}, orjson.dumps(
+            {"messages": [{"role": "user", "content": "x"}], **body}))
+        tokens = orjson.loads(uvloop.run(state.handle(request)).body)["tokens"]
+        return state.engine.tokenizer.decode(tokens)
+    assert rendered({}).startswith("hello|calm|x")
+    assert rendered({"chat_template_kwargs": {"mood": "glad"}}).startswith("hello|glad|x")

@@ -202,6 +202,10 @@ class OpenAIServing:
             out.append((text, ids))
         return out
 
+    def _template_kwargs(self, body: dict) -> dict:
+        """The request's chat_template_kwargs over --default-chat-template-kwargs."""
+        return {**dict(self.config.default_chat_template_kwargs), **template_kwargs(body)}
+
     async def _chat_prompt(self, body: dict, tools: list | None, max_tokens: int | None = None,
                            off_loop: bool = False, drop_old_turns: bool = False) -> list[int]:
         """The conversation rendered and tokenized; off the event loop when it is long, or
@@ -210,7 +214,7 @@ class OpenAIServing:
         model length, its oldest exchange is dropped (without_oldest_turn), as long as one
         user turn remains."""
         cleaned = template_messages(body)
-        kwargs = template_kwargs(body)
+        kwargs = self._template_kwargs(body)
         own = field(body, "chat_template", str)
         if own is not None and not self.config.trust_request_chat_template:
             raise APIError(400, "Chat template is passed with request, but "
@@ -355,7 +359,7 @@ class OpenAIServing:
         echo = field(body, "echo", bool, False) and last["role"] == role
         echo_text = (template_messages({"messages": [last]})[0]["content"] or None) if echo else None
         name = forced_tool_name(choice) if mode == "named" else None
-        thinking = field(template_kwargs(body), "enable_thinking", bool, True)
+        thinking = field(self._template_kwargs(body), "enable_thinking", bool, True)
         include_reasoning = field(body, "include_reasoning", bool, True)
         parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
