@@ -153,7 +153,8 @@ def test_thinking_history_and_tool_errors():
                                   "reasoning_content": "Hmm."}
     assert got["messages"][2] == {"role": "tool", "tool_call_id": "t", "content": "Error: boom"}
     rendered = template_messages(got)
-    assert rendered[1] == {"role": "assistant", "content": "A", "reasoning_content": "Hmm."}
+    assert rendered[1] == {"role": "assistant", "content": "A", "reasoning_content": "Hmm.",
+                           "reasoning": "Hmm."}  # both names, as vLLM hands templates them
 
 
 def test_system_as_a_string_or_text_blocks():

@@ -120,3 +120,20 @@ def test_default_chat_template_kwargs_under_the_requests(tiny_model_factory):
         return state.engine.tokenizer.decode(tokens)
     assert rendered({}).startswith("hello|calm|x")
     assert rendered({"chat_template_kwargs": {"mood": "glad"}}).startswith("hello|glad|x")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("thinking_token_budget", 16), ("repetition_detection", {"max_pattern_size": 4}),
+    ("logprob_token_ids", [1, 2]), ("return_prompt_text", True), ("watermarking", {"key": 1}),
+    ("media_io_kwargs", {"image": {}}), ("ec_transfer_params", {"a": 1}), ("tools", []),
+])
+def test_newer_vllm_fields_that_change_the_answer_are_refused_by_name(ask, field, value):
+    status, out = ask("/v1/chat/completions", {"messages": LONG, "max_tokens": 2, field: value})
+    assert status == 400 and out["error"]["param"] == field, out
+
+
+def test_fields_that_change_nothing_are_taken(ask):
+    for body in ({"session_id": "s", "stream_interval": 4, "return_token_offsets": True},
+                 {"stream_options": {}}, {"thinking_token_budget": -1}):
+        status, out = ask("/v1/chat/completions", {"messages": LONG, "max_tokens": 2, **body})
+        assert status == 200, (body, out)

@@ -284,7 +284,9 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
                   "tool_use: send its tool_result in a user message")
         body["add_generation_prompt"], body["continue_final_message"] = False, True
     if request.get("tools") is not None:
-        body["tools"] = _tools(request["tools"])
+        tools = _tools(request["tools"])
+        if tools:  # Anthropic takes an empty list as no tools (chat, vLLM's check, refuses it)
+            body["tools"] = tools
     if request.get("tool_choice") is not None:
         _tool_choice(request["tool_choice"], body)
     for name in PASSTHROUGH:

@@ -145,7 +145,11 @@ class ChoiceOutput:
         return merged
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
-        return "tool_calls" if self.tools_called and engine_reason == "stop" else engine_reason
+        """"tool_calls" once calls were made: on a stop, and (auto calls, as vLLM reports
+        them) on a cut by max_tokens too, when the parser read a whole call before it."""
+        if self.tools_called and (engine_reason == "stop" or (engine_reason == "length" and self.mode == "auto")):
+            return "tool_calls"
+        return engine_reason
 
 
 def merge_delta(merged: dict, fragment: dict) -> None:

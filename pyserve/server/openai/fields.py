@@ -36,7 +36,11 @@ IMPLEMENTED = {
                        "reasoning_effort"},
 }
 NO_EFFECT = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-             "prompt_cache_retention"}
+             "prompt_cache_retention",
+             # newer vLLM's: a session tag, streaming cadence, and what only its render or
+             # expert-routing outputs read
+             "session_id", "stream_interval", "routed_experts_prompt_start", "return_token_offsets",
+             "return_mm_kwargs"}
 # field -> its default: anything else is refused
 REFUSED_UNLESS_DEFAULT = {
     "logits_processors": None,
@@ -46,6 +50,10 @@ REFUSED_UNLESS_DEFAULT = {
     "modalities": ["text"], "prediction": None, "functions": None, "function_call": ("none", "auto"),
     "web_search_options": None, "processed_prompt": None,
     "moderation": None,  # no moderation model here
+    # newer vLLM's sampling and transfer fields that change the answer
+    "thinking_token_budget": -1, "repetition_detection": None, "logprob_token_ids": None,
+    "return_prompt_text": False, "watermarking": None, "media_io_kwargs": None,
+    "ec_transfer_params": None,
 }
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields
 _ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice": None,

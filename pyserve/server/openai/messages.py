@@ -57,12 +57,13 @@ def template_messages(body: dict) -> list[dict]:
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 message[key] = m[key]
-        # an assistant turn's reasoning, for templates that render it (vLLM takes either name)
+        # an assistant turn's reasoning, for templates that render it: under both names, as
+        # vLLM hands it on (templates read message.reasoning_content or message.reasoning)
         reasoning = m.get("reasoning_content") or m.get("reasoning")
         if reasoning is not None:
             if not isinstance(reasoning, str):
                 raise APIError(400, f"messages[{i}]: reasoning_content must be a string", "messages")
-            message["reasoning_content"] = reasoning
+            message["reasoning_content"] = message["reasoning"] = reasoning
         if m.get("tool_calls"):
             message["tool_calls"] = template_tool_calls(m["tool_calls"])
         if m.get("function_call") is not None:  # the legacy form: not to be dropped unread
@@ -188,6 +189,8 @@ def tool_mode(body: dict, generating: bool, auto_enabled: bool) -> tuple[str, li
     choice = body.get("tool_choice")
     if tools is not None and not isinstance(tools, list):
         raise APIError(400, "'tools' must be a list", "tools")
+    if tools == [] and generating:  # vLLM's check and words
+        raise APIError(400, "`tools` must not be an empty array", "tools")
     if tools:
         capped("tools", tools, MAX_TOOLS, "tools")
         for i, tool in enumerate(tools):  # in every mode: "auto" and "none" render them too

@@ -78,7 +78,7 @@ def check_unsupported(body: dict, stream: bool) -> None:
     for name in _UNIMPLEMENTED:
         if body.get(name) not in (None, [], {}, ""):  # empty is vLLM's own default: absent
             raise APIError(400, f"{name} is not supported by this server", name)
-    if body.get("stream_options") is not None and not stream:
+    if body.get("stream_options") and not stream:  # {} asks for nothing (vLLM's falsy check)
         raise APIError(400, "Stream options can only be defined when `stream=True`.",
                        "stream_options")
     prompt_logprobs = field(body, "prompt_logprobs", int)
