@@ -95,3 +95,27 @@ def test_plain_content_streams_every_piece():
     out = make("none")
     assert out.delta("") == {"content": ""} and out.delta("a") == {"content": "a"}
     assert out.whole("hi") == {"content": "hi", "tool_calls": []}
+
+
+def test_reasoning_tokens_are_counted_between_the_markers():
+    """With the parser's markers as one token each (<think> = 1, </think> = 2 here), the
+    reasoning's tokens are counted as vLLM counts them, markers included; usage carries them in
+    completion_tokens_details only when they are counted."""
+    from pyserve.server.openai.objects import usage
+
+    qwen3 = ChoiceOutput(reasoning_parser=reasoning_parser("qwen3"), reasoning_markers=(1, 2))
+    qwen3.count([1, 5, 6])
+    qwen3.count([2, 7, 8])  # streamed in two pieces
+    assert qwen3.reasoning_tokens == 4
+    opened = ChoiceOutput(reasoning_parser=reasoning_parser("deepseek_r1"), reasoning_markers=(1, 2))
+    opened.count([5, 6, 2, 7])  # the template opened the reasoning: it starts inside it
+    assert opened.reasoning_tokens == 3
+    off = ChoiceOutput(reasoning_parser=reasoning_parser("qwen3", enable_thinking=False),
+                       reasoning_markers=(1, 2))
+    off.count([1, 5, 2, 7])
+    assert off.reasoning_tokens == 0
+    unmarked = ChoiceOutput(reasoning_parser=reasoning_parser("qwen3"), reasoning_markers=None)
+    unmarked.count([1, 5, 2])
+    assert unmarked.reasoning_tokens == 0 and unmarked.markers is None
+    assert usage(3, 4, None, 2)["completion_tokens_details"] == {"reasoning_tokens": 2}
+    assert "completion_tokens_details" not in usage(3, 4, None)

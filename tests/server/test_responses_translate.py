@@ -474,6 +474,14 @@ def test_a_summary_asked_for_is_the_whole_reasoning_whole_and_streamed(reasoning
     assert plain["output"][0]["summary"] == [] and plain["reasoning"] == {"effort": "low", "summary": None}
 
 
+def test_reasoning_tokens_come_from_the_chat_usage():
+    answer = completion({"reasoning": "Hm.", "content": "A."})
+    answer["usage"]["completion_tokens_details"] = {"reasoning_tokens": 2}
+    assert turn().from_completion(answer)["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
+    assert turn().from_completion(completion({"content": "A."}))["usage"]["output_tokens_details"] == {
+        "reasoning_tokens": 0}
+
+
 def test_truncation_is_echoed():
     assert turn(truncation="auto").from_completion(completion({"content": "A."}))["truncation"] == "auto"
     assert turn().from_completion(completion({"content": "A."}))["truncation"] == "disabled"

@@ -43,10 +43,17 @@ def _required_calls(text: str) -> list[dict]:
 class ChoiceOutput:
     def __init__(self, mode: str = "none", forced_name: str | None = None, tool_parser=None,
                  reasoning_parser=None, include_reasoning: bool = True,
-                 parallel_tool_calls: bool = True):
+                 parallel_tool_calls: bool = True, reasoning_markers: tuple[int, int] | None = None):
         """include_reasoning False drops the reasoning from the response; parallel_tool_calls
-        False keeps the first call only (vLLM's two switches)."""
+        False keeps the first call only (vLLM's two switches). reasoning_markers: the token ids
+        of the parser's start and end markers (one token each), which count the reasoning's
+        tokens (count); None: not counted."""
         self.mode = mode
+        self.markers = reasoning_markers if reasoning_parser is not None else None
+        self.reasoning_tokens = 0
+        # whether the next token is reasoning: the output starts inside it where the parser says
+        self._in_reasoning = (reasoning_parser is not None and reasoning_parser.enable_thinking
+                              and reasoning_parser.starts_in_reasoning)
         self.include_reasoning = include_reasoning
         self.parallel = parallel_tool_calls
         self.forced_name = forced_name
@@ -143,6 +150,21 @@ class ChoiceOutput:
                 self.tools_called = True
             merge_delta(merged, fragment)
         return merged
+
+    def count(self, token_ids) -> None:
+        """Counts the reasoning's tokens among the next generated ones, markers included, as
+        vLLM counts them: from the start marker (or the output's start, for a template that
+        opened the reasoning itself) to the end marker."""
+        if self.markers is None:
+            return
+        start, end = self.markers
+        for token in token_ids:
+            if token == start and self.reasoning.enable_thinking:
+                self._in_reasoning = True
+            if self._in_reasoning:
+                self.reasoning_tokens += 1
+                if token == end:
+                    self._in_reasoning = False
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
         """"tool_calls" once calls were made: on a stop, and (auto calls, as vLLM reports

@@ -24,12 +24,18 @@ _MESSAGE = {"content": None, "refusal": None, "annotations": None, "audio": None
             "function_call": None, "tool_calls": [], "reasoning": None, "reasoning_content": None}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None,
+          reasoning_tokens: int | None = None) -> dict:
     """cached_tokens: the prompt tokens the prefix cache served, reported with
-    --enable-prompt-tokens-details (None without it: prompt_tokens_details is null)."""
+    --enable-prompt-tokens-details (None without it: prompt_tokens_details is null);
+    reasoning_tokens: those of the completion the reasoning parser counted (None without one:
+    no completion_tokens_details, as vLLM adds them only with a parser)."""
     details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": details}
+    out = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+           "completion_tokens": completion_tokens, "prompt_tokens_details": details}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def response(meta: dict, choices: list, usage_: dict, prompt_logprobs=None) -> dict:
@@ -59,6 +65,7 @@ def choice(meta: dict, index: int, c, final: bool, tokenizer,
             return out | {"token_ids": token_ids, "prompt_logprobs": None, "prompt_token_ids": None}
         return out | {"prompt_token_ids": None, "token_ids": token_ids}
     output = output or ChoiceOutput()
+    output.count(c.token_ids)
     if final:
         # a whole message lists its tool calls ([] when none, as vLLM's did until it began
         # dropping an empty list: clients read an absent list as None either way)

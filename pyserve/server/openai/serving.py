@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -364,7 +365,7 @@ class OpenAIServing:
         parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
-            self._reasoning_parser(thinking), include_reasoning, parallel)
+            self._reasoning_parser(thinking), include_reasoning, parallel, self._reasoning_markers)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output, as_data=as_data, chat_echo=echo_text,
                                    report_cached=report_cached)
@@ -396,6 +397,16 @@ class OpenAIServing:
         from pyserve.server.openai.reasoning import reasoning_parser
 
         return reasoning_parser(self.config.reasoning_parser, enable_thinking=enable_thinking)
+
+    @functools.cached_property
+    def _reasoning_markers(self) -> tuple[int, int] | None:
+        """The reasoning parser's start and end markers as token ids, where each is one token
+        of this tokenizer (what counting the reasoning's tokens needs); else None."""
+        parser = self._reasoning_parser(True)
+        if parser is None:
+            return None
+        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in (parser.start, parser.end)]
+        return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
 
     async def _constrained(self, body: dict, params, forced=None):
         """params with the request's structured-output grammar (or a forced tool call's),
@@ -466,8 +477,11 @@ class OpenAIServing:
             for c in final.outputs:
                 # generated tokens, shown or not (echo with max_tokens 0 generates one, as vLLM counts)
                 completion_tokens += len(c.token_ids)
+                output = meta["output"]() if meta["chat"] else None
+                if output is not None:  # kept for the usage (its reasoning tokens)
+                    meta.setdefault("outputs", []).append(output)
                 choice = objects.choice(meta, p * meta["n"] + c.index, c, True, self.tokenizer,
-                                        output=meta["output"]() if meta["chat"] else None)
+                                        output=output)
                 if meta["echo"] is not None:
                     choice["text"], choice["logprobs"] = echoed(meta, p, c, final.prompt_logprobs,
                                                                self.tokenizer)
@@ -515,4 +529,6 @@ class OpenAIServing:
         several prompts pyserve sums them, where vLLM reports one prompt's)."""
         reported = self.config.enable_prompt_tokens_details or meta.get("report_cached")
         cached = sum(meta["cached_tokens"]) if reported else None
-        return objects.usage(prompt_tokens, completion_tokens, cached)
+        counted = [o for o in meta.get("outputs", ()) if o.markers is not None]
+        reasoning = sum(o.reasoning_tokens for o in counted) if counted else None
+        return objects.usage(prompt_tokens, completion_tokens, cached, reasoning)

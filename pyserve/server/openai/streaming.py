@@ -136,6 +136,7 @@ async def chunk_dicts(serving, streams, meta: dict, include_usage: bool,
                     chunk["usage"] = usage_counts(prompt_tokens, generated[index])
                 yield chunk
         if include_usage:  # vLLM drops its nulls (prompt_tokens_details without the flag)
+            meta["outputs"] = list(outputs.values())  # their reasoning tokens
             usage = serving.usage(sum(meta["prompt_tokens"]), sum(generated.values()), meta)
             yield {**head, "choices": [], "usage": {k: v for k, v in usage.items() if v is not None}}
     finally:

@@ -92,9 +92,10 @@ def usage(chat_usage: dict | None) -> dict:
     chat_usage = chat_usage or {}
     prompt, completion = chat_usage.get("prompt_tokens", 0), chat_usage.get("completion_tokens", 0)
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached,
                                                              "cache_write_tokens": 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion}
 
 
