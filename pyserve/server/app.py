@@ -178,6 +178,7 @@ def _build_routes(state: ServerState, engine) -> Router:
 
     responses = ResponsesAPI(serving, ResponseStore())  # the server's stored responses
     router.add("POST", "/v1/responses", generation(responses.create))
+    router.add("POST", "/v1/responses/input_tokens", responses.input_tokens)
     router.add("GET", "/v1/responses/{response_id}", responses.retrieve)
     router.add("DELETE", "/v1/responses/{response_id}", responses.delete)
     router.add("POST", "/v1/responses/{response_id}/cancel", responses.cancel)

@@ -111,6 +111,9 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                                "anthropic", "AnthropicTokenCount",
                                                "AnthropicCountTokensRequest", errors=_BODY,
                                                anthropic=True),
+    ("POST", "/v1/responses/input_tokens"): _op("OpenAI's count of a Responses request's input "
+                                                "tokens", "openai", "ResponseInputTokens",
+                                                "ResponsesRequest", errors=_BODY),
     ("POST", "/v1/responses"): _op("OpenAI's Responses API", "openai", "Response",
                                    "ResponsesRequest", stream=True, errors=_ADMITTED),
     ("GET", "/v1/responses/{response_id}"): _op("A stored response; ?stream=true&starting_after=N "

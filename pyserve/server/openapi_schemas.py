@@ -374,6 +374,8 @@ def _responses_out() -> dict:
                                {"index": _int(0), "relevance_score": NUMBER,
                                 "document": nullable(obj({"text": STRING}, ("text",)))},
                                ("index", "relevance_score"))}}, ("results", "usage")),
+        "ResponseInputTokens": obj({"object": {"const": "response.input_tokens"}, "input_tokens": _int(0)},
+                                   ("object", "input_tokens")),
         "CohereEmbedList": obj({"id": STRING, "embeddings": {"type": "object"},
                                 "texts": {"type": "array", "items": STRING},
                                 "meta": obj({"api_version": obj({"version": STRING})})},

@@ -504,3 +504,16 @@ def test_reasoning_comes_back_as_a_reasoning_item(hermes):
         final = stream.get_final_response()
     assert "".join(deltas) == "Twelve and thirty." == final.output[0].summary[0].text
     assert final.output[0].content[0].text == "Twelve and thirty."
+
+
+def test_input_tokens_count_what_create_renders(client):
+    """POST /v1/responses/input_tokens (the SDK's responses.input_tokens.count): the prompt a
+    create would render, previous_response_id's conversation included."""
+    kw = dict(model=MODEL, input="What is the capital of France?", instructions="Be brief.")
+    counted = client.responses.input_tokens.count(**kw)
+    made = ask(client, **kw, max_output_tokens=2)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == made.usage.input_tokens
+    later = client.responses.input_tokens.count(model=MODEL, input="And Italy?", previous_response_id=made.id)
+    assert later.input_tokens > counted.input_tokens - 10
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_tokens.count(model=MODEL, input=[{"type": "bogus"}])

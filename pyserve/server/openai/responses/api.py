@@ -1,6 +1,7 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{response_id}, POST
-/v1/responses/{response_id}/cancel: the Responses API as a translation onto the chat path
-(serving.chat_result), with the server's ResponseStore and its background runs."""
+/v1/responses/{response_id}/cancel and POST /v1/responses/input_tokens: the Responses API as
+a translation onto the chat path (serving.chat_result), with the server's ResponseStore and its
+background runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import orjson
 
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
+from pyserve.server.openai.messages import tool_mode
 from pyserve.server.openai.params import field
 from pyserve.server.values import brief
 from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
@@ -37,22 +39,25 @@ class ResponsesAPI:
         self.store = store
         self.runs = BackgroundRuns(store)
 
+    def _history(self, body: dict) -> list[dict]:
+        """The conversation previous_response_id names ([] without one)."""
+        previous = field(body, "previous_response_id", str)
+        if previous is None:
+            return []
+        entry = self.store.get(previous)
+        if entry is None:
+            raise APIError(404, f"Previous response with id '{previous}' not found.",
+                           "previous_response_id")
+        status = entry.response["status"]
+        if status in UNFINISHED:  # its conversation has no answer yet
+            raise APIError(400, f"Previous response with id '{previous}' is still {status}: "
+                           "poll it until it ends, then continue from it", "previous_response_id")
+        return entry.conversation
+
     async def create(self, request: Request) -> Response | StreamingResponse:
         body = self.serving.parse_body(request)
         check_fields(body)  # before the store is consulted
-        history: list[dict] = []
-        previous = field(body, "previous_response_id", str)
-        if previous is not None:
-            entry = self.store.get(previous)
-            if entry is None:
-                raise APIError(404, f"Previous response with id '{previous}' not found.",
-                               "previous_response_id")
-            status = entry.response["status"]
-            if status in UNFINISHED:  # its conversation has no answer yet
-                raise APIError(400, f"Previous response with id '{previous}' is still {status}: "
-                               "poll it until it ends, then continue from it", "previous_response_id")
-            history = entry.conversation
-        chat, conversation = chat_body(body, history)
+        chat, conversation = chat_body(body, self._history(body))
         if (chat.get("tools") and chat.get("tool_choice") in (None, "auto")
                 and not self.serving.config.enable_auto_tool_choice):
             # vLLM's Responses reads no tool calls then: the tools are in the prompt, the
@@ -80,6 +85,19 @@ class ResponsesAPI:
         if keep:
             self._keep(turn, response, conversation)
         return Response(200, orjson.dumps(response))
+
+    async def input_tokens(self, request: Request) -> Response:
+        """POST /v1/responses/input_tokens: the prompt a create with this body would render
+        (instructions, previous_response_id's conversation, tools), counted in tokens."""
+        body = self.serving.parse_body(request)
+        check_fields(body)
+        chat, _ = chat_body(body, self._history(body))
+        self.serving.check_model(chat.get("model"))
+        try:
+            ids = await self.serving._chat_prompt(chat, tool_mode(chat, False, False)[1])
+        except APIError as exc:  # name the Responses field, not the chat field it became
+            raise APIError(exc.status, exc.message, PARAMS.get(exc.param, exc.param)) from None
+        return Response(200, orjson.dumps({"object": "response.input_tokens", "input_tokens": len(ids)}))
 
     async def _stream(self, turn: Turn, chunks, conversation: list[dict],
                       keep: bool) -> AsyncIterator[bytes]:
