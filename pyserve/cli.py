@@ -24,7 +24,7 @@ from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, G
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
 from pyserve.model.hub import is_hub_id, resolve_hub_model
-from pyserve.vllm_flags import (add_foreign_flags, check_foreign, expand_config_file,
+from pyserve.vllm_flags import (add_foreign_flags, check_foreign, config_file_flags,
                                  human_readable_int, human_readable_int_or_auto, normalize_argv,
                                  refuse_unknown)
 
@@ -407,9 +407,14 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
     _apply_env_defaults(parser, environ)
     _apply_vllm_env(parser, environ)
     try:
-        argv = expand_config_file(normalize_argv(sys.argv[1:] if argv is None else argv))
+        from_file, argv = config_file_flags(normalize_argv(sys.argv[1:] if argv is None else argv))
     except ValueError as exc:
         parser.error(str(exc))
+    if from_file:  # --config's flags become defaults: the command line wins, in any order
+        given, extras = parser.parse_known_args(from_file)
+        refuse_unknown(parser, extras)
+        parser.set_defaults(**{dest: value for dest, value in vars(given).items()
+                               if value != parser.get_default(dest)})
     namespace, extras = parser.parse_known_args(argv)
     refuse_unknown(parser, extras)
     args = vars(namespace)

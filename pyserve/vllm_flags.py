@@ -329,17 +329,17 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def expand_config_file(argv: Sequence[str]) -> list[str]:
-    """vLLM's --config FILE: the YAML file's keys as flags (max_model_len: 4096 ->
-    --max-model-len 4096; true -> the switch, false -> --no-switch; lists -> several values;
-    mappings -> JSON), placed before the command line's, which wins. Raises ValueError saying
-    what is wrong with the file."""
+def config_file_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """vLLM's --config FILE: (the YAML file's keys as flags, the command line without
+    --config FILE). max_model_len: 4096 -> --max-model-len 4096; true -> the switch, false ->
+    --no-switch; lists -> several values; mappings -> JSON. The caller parses them apart, as
+    defaults the command line overrides. Raises ValueError saying what is wrong with the file."""
     argv = list(argv)
     for i, arg in enumerate(argv):
         if arg == "--config" or arg.startswith("--config="):
             break
     else:
-        return argv
+        return [], argv
     path = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else None)
     rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
     if not path:
@@ -368,7 +368,7 @@ def expand_config_file(argv: Sequence[str]) -> list[str]:
             flags += [name, json.dumps(value)]
         else:
             flags += [name, str(value)]
-    return flags + rest
+    return flags, rest
 
 
 def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str]) -> None:

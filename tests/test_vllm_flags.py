@@ -250,7 +250,10 @@ def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
     (tmp_path / "serve.yaml").write_text("max_model_len: 1024\nenforce_eager: true\nserved_model_name: [a, b]\n"
                                          "override_generation_config: {temperature: 0.5}\nport: 8123\n"
                                          "enable_prefix_caching: false\n")
-    args = parse_serve(["--config", str(tmp_path / "serve.yaml"), "--port", "9000"], environ={})
+    model = str(tmp_path / "model")
+    (tmp_path / "model").mkdir()
+    args = parse_serve([model, "--config", str(tmp_path / "serve.yaml"), "--port", "9000"], environ={})
+    assert args.config.model.model == model  # a list in the file does not take it
     c = args.config
     assert (c.model.max_model_len, c.device.enforce_eager, c.model.served_model_name) == (1024, True, ("a", "b"))
     assert c.model.override_generation_config == (("temperature", 0.5),) and c.server.port == 9000
@@ -276,6 +279,14 @@ def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, tiny_model_factory, 
     with pytest.raises(SystemExit) as exc:
         parse_serve(["tiny-org/missing"], environ=env)
     assert exc.value.code == 2 and "HF_HUB_OFFLINE" in capsys.readouterr().err
+    # a tokenizer alone in the cache (what AutoTokenizer fetches) is no model
+    partial = tmp_path / "hub" / "models--tiny-org--tokenizer-only"
+    (partial / "snapshots" / commit).mkdir(parents=True)
+    shutil.copy(repo / "snapshots" / commit / "tokenizer.json", partial / "snapshots" / commit)
+    (partial / "refs").mkdir()
+    (partial / "refs" / "main").write_text(commit)
+    with pytest.raises(SystemExit):
+        parse_serve(["tiny-org/tokenizer-only"], environ=env)
 
 
 def test_vllm_allow_long_max_model_len():

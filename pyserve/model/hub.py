@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 # what a model directory needs here; *.bin / *.pt / *.gguf / images are left on the hub
 _FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*")
+# Mistral's own checkpoint format, beside the Hugging Face one, and repositories' originals
+_SKIPPED = ("consolidated*.safetensors", "original/*")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -41,16 +43,26 @@ def resolve_hub_model(model: str, revision: str | None, token: str | None,
     cache_dir = _cache_dir(environ)
     offline = environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     try:
-        return snapshot_download(model, revision=revision, cache_dir=cache_dir,
-                                 allow_patterns=list(_FILES), local_files_only=True)
-    except Exception as cached_error:  # not in the cache (or not whole): fetch it, if allowed
-        if offline:
-            raise ValueError(f"'{model}' is not a local path and not in the Hugging Face cache "
-                             f"({cache_dir or 'the default one'}), and HF_HUB_OFFLINE is set") \
-                from cached_error
+        cached = snapshot_download(model, revision=revision, cache_dir=cache_dir,
+                                   allow_patterns=list(_FILES), ignore_patterns=list(_SKIPPED),
+                                   local_files_only=True)
+    except Exception:  # not in the cache
+        cached = None
+    if cached is not None and _servable(cached):
+        return cached
+    if offline:  # a tokenizer alone (AutoTokenizer's download) is no model either
+        raise ValueError(f"'{model}' is not a local path and not whole in the Hugging Face cache "
+                         f"({cache_dir or 'the default one'}), and HF_HUB_OFFLINE is set")
     try:
         return snapshot_download(model, revision=revision, cache_dir=cache_dir,
-                                 allow_patterns=list(_FILES), token=token or environ.get("HF_TOKEN"))
+                                 allow_patterns=list(_FILES), ignore_patterns=list(_SKIPPED),
+                                 token=token or environ.get("HF_TOKEN"))
     except Exception as exc:
         raise ValueError(f"'{model}' is not a local path, and fetching it from the Hugging Face "
                          f"hub failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _servable(directory: str) -> bool:
+    """A snapshot with a config and weights (the cache may hold a model's tokenizer alone)."""
+    return os.path.exists(os.path.join(directory, "config.json")) and any(
+        name.endswith(".safetensors") for name in os.listdir(directory))

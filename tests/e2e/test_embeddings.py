@@ -403,6 +403,24 @@ def test_an_encoder_refuses_generation_and_over_long_inputs(bert_server):
     assert status == 200 and out["usage"]["prompt_tokens"] == 64
 
 
+def test_an_encoders_cut_keeps_its_special_tokens(bert_server, bert_dir):
+    """truncate_prompt_tokens cuts the text's tokens as Hugging Face tokenizers truncate (the
+    end by default, the start with truncation_side "left"), [CLS] and [SEP] kept."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(bert_dir))
+    text = " ".join(f"w{i}" for i in range(40))
+    for side in ("right", "left"):
+        tokenizer.truncation_side = side
+        want = tokenizer(text, truncation=True, max_length=12)["input_ids"]
+        assert want[0] == tokenizer.cls_token_id and want[-1] == tokenizer.sep_token_id
+        status, cut = post(bert_server.url, "/v1/embeddings", {"input": text, "truncate_prompt_tokens": 12,
+                                                                "truncation_side": side}, key=None)
+        status_ids, by_ids = post(bert_server.url, "/v1/embeddings", {"input": [want]}, key=None)
+        assert status == status_ids == 200
+        assert np.allclose(cut["data"][0]["embedding"], by_ids["data"][0]["embedding"], atol=1e-6), side
+
+
 def test_invocations_send_an_encoders_chat_form_to_embeddings(bert_server):
     messages = [{"role": "user", "content": "hello there"}]
     status, out = post(bert_server.url, "/invocations", {"messages": messages}, key=None)

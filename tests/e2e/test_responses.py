@@ -514,6 +514,6 @@ def test_input_tokens_count_what_create_renders(client):
     made = ask(client, **kw, max_output_tokens=2)
     assert counted.object == "response.input_tokens" and counted.input_tokens == made.usage.input_tokens
     later = client.responses.input_tokens.count(model=MODEL, input="And Italy?", previous_response_id=made.id)
-    assert later.input_tokens > counted.input_tokens - 10
+    assert later.input_tokens > counted.input_tokens  # the stored turn, answer and all, leads it
     with pytest.raises(openai.BadRequestError):
         client.responses.input_tokens.count(model=MODEL, input=[{"type": "bogus"}])

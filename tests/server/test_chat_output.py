@@ -46,9 +46,12 @@ def test_auto_whole_and_streamed_agree(seed):
     assert [(c["name"], c["arguments"]) for c in calls] == \
         [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]]
     assert merged.get("content", "").strip() == "Sure."
-    # vLLM's rule: auto calls read make the reason tool_calls, even when max_tokens cut the end
-    assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "tool_calls"
-    assert make("auto").finish_reason("length") == "length"  # no call read
+    assert out.finish_reason("stop") == "tool_calls" and out.finish_reason("length") == "length"
+    # vLLM's chat route: auto calls make the reason tool_calls even when max_tokens cut the end
+    chat = make("auto", calls_end_on_length=True)
+    streamed(chat, HERMES, seed)
+    assert chat.finish_reason("length") == "tool_calls"
+    assert make("auto", calls_end_on_length=True).finish_reason("length") == "length"  # no call
 
 
 def test_parallel_tool_calls_false_keeps_the_first():

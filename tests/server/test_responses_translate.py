@@ -16,7 +16,7 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request
 from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
-from pyserve.server.openai.messages import with_allowed_tools, without_oldest_turn
+from pyserve.server.openai.messages import fit_by_dropping_turns, with_allowed_tools, without_oldest_turns
 from pyserve.server.openai.responses.items import input_messages, with_answer
 from pyserve.server.openai.responses.translate import chat_body
 from pyserve.server.openai.streaming import ChunkStream
@@ -34,20 +34,29 @@ def refused(body, status=400):
 
 
 # -- requests -> chat bodies ------------------------------------------------------------------
-def test_truncation_drops_the_oldest_exchange_whole():
+def test_truncation_drops_the_oldest_exchanges_whole():
     system = {"role": "system", "content": "S"}
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
     result = {"role": "tool", "content": "42", "tool_call_id": "c1"}
     first, later = {"role": "user", "content": "Q1"}, {"role": "user", "content": "Q2"}
-    answer = {"role": "assistant", "content": "A2"}
-    conversation = [system, first, call, result, later, answer, {"role": "user", "content": "Q3"}]
-    shorter = without_oldest_turn(conversation)
-    assert shorter == [system, later, answer, conversation[-1]]  # no tool result loses its call
-    assert without_oldest_turn(shorter) == [system, conversation[-1]]
-    assert without_oldest_turn([system, conversation[-1]]) is None  # the last exchange stays
-    assert without_oldest_turn([first, call, result]) is None
-    # a conversation that opens with the assistant loses everything before its first user turn
-    assert without_oldest_turn([answer, first, call]) == [first, call]
+    answer, last = {"role": "assistant", "content": "A2"}, {"role": "user", "content": "Q3"}
+    conversation = [system, first, call, result, later, answer, last]
+    # no tool result loses its call; the last exchange stays
+    assert without_oldest_turns(conversation) == [[system, later, answer, last], [system, last]]
+    assert without_oldest_turns([system, last]) == [] and without_oldest_turns([first, call, result]) == []
+    # a conversation that opens with the assistant loses everything before a user turn
+    assert without_oldest_turns([answer, first, call]) == [[first, call]]
+    # the fewest dropped for the rendering to fit, in a handful of renders however long
+    renders = []
+
+    def render(messages):
+        renders.append(len(messages))
+        return [0] * sum(len(m["content"]) for m in messages)
+    long = [system] + [m for i in range(200) for m in ({"role": "user", "content": "q" * 10},
+                                                        {"role": "assistant", "content": "a" * 10})]
+    ids = fit_by_dropping_turns(long, render, lambda ids: len(ids) <= 1001)
+    assert len(ids) == 1 + 20 * 50 and len(renders) <= 10  # the last 50 exchanges kept
+    assert fit_by_dropping_turns([system, last], render, lambda ids: False) == [0, 0, 0]  # cannot fit
 
 
 def test_a_string_input_with_instructions_and_sampling_fields():
@@ -163,6 +172,12 @@ def test_namespace_tools_are_flat_chat_functions_named_back():
                                "function": {"name": "crm__lookup", "arguments": "{}"}}]}, "tool_calls")])
     added = [EVENT.validate_python(e) for e in events if e["type"] == "response.output_item.added"]
     assert (added[0].item.name, added[0].item.namespace) == ("lookup", "crm")
+    # chosen by its qualified name (the Agents SDK's), alone or among allowed tools
+    chat, _ = chat_body({"input": "x", "tools": [crm], "tool_choice": {"type": "function", "name": "crm.lookup"}}, [])
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "crm__lookup"}}
+    chat, _ = chat_body({"input": "x", "tools": [crm], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "crm.lookup"}]}}, [])
+    assert chat["tool_choice"]["allowed_tools"]["tools"] == [{"type": "function", "function": {"name": "crm__lookup"}}]
     # sent back, the call is the flat chat name again
     assert input_messages([out["output"][0]])[0]["tool_calls"][0]["function"]["name"] == "crm__lookup"
 

@@ -12,7 +12,8 @@ through the tool-call handling of the request's mode:
 Whole responses use whole(); streams call delta() per piece and finish() at the end, and the
 concatenated fragments are what whole() gives for the same text (same arguments strings).
 A choice whose tools were called finishes with "tool_calls" where it would say "stop"
-(vLLM: auto and required; a named function keeps "stop", as OpenAI's)."""
+(vLLM: auto and required; a named function keeps "stop", as OpenAI's), and on the chat route
+also where max_tokens cut an auto call's text (vLLM's rule; see finish_reason)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,16 @@ def _required_calls(text: str) -> list[dict]:
 class ChoiceOutput:
     def __init__(self, mode: str = "none", forced_name: str | None = None, tool_parser=None,
                  reasoning_parser=None, include_reasoning: bool = True,
-                 parallel_tool_calls: bool = True, reasoning_markers: tuple[int, int] | None = None):
+                 parallel_tool_calls: bool = True, reasoning_markers: tuple[int, int] | None = None,
+                 calls_end_on_length: bool = False):
         """include_reasoning False drops the reasoning from the response; parallel_tool_calls
         False keeps the first call only (vLLM's two switches). reasoning_markers: the token ids
         of the parser's start and end markers (one token each), which count the reasoning's
-        tokens (count); None: not counted."""
+        tokens (count); None: not counted. calls_end_on_length: auto calls make the finish
+        reason "tool_calls" even when max_tokens cut the text (vLLM's chat route; the APIs
+        that translate chat answers read the cut as theirs: max_tokens, incomplete)."""
         self.mode = mode
+        self.calls_end_on_length = calls_end_on_length
         self.markers = reasoning_markers if reasoning_parser is not None else None
         self.reasoning_tokens = 0
         # whether the next token is reasoning: the output starts inside it where the parser says
@@ -167,9 +172,11 @@ class ChoiceOutput:
                     self._in_reasoning = False
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
-        """"tool_calls" once calls were made: on a stop, and (auto calls, as vLLM reports
-        them) on a cut by max_tokens too, when the parser read a whole call before it."""
-        if self.tools_called and (engine_reason == "stop" or (engine_reason == "length" and self.mode == "auto")):
+        """"tool_calls" once calls were made: on a stop, and with calls_end_on_length (auto
+        calls, as vLLM's chat route reports them, a streamed call cut short included) on a cut
+        by max_tokens too."""
+        cut = engine_reason == "length" and self.mode == "auto" and self.calls_end_on_length
+        if self.tools_called and (engine_reason == "stop" or cut):
             return "tool_calls"
         return engine_reason
 

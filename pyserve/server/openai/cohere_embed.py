@@ -184,8 +184,8 @@ def _input_texts(inputs, prefix: str) -> list[str]:
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise APIError(400, f"inputs[{i}].content[{j}]: only text parts ({{\"type\": \"text\", "
                                f"\"text\": ...}}) are supported, got {brief(kind)}", "inputs")
-            parts.append(prefix + part["text"])
-        out.append("\n".join(parts))
+            parts.append(part["text"])
+        out.append(prefix + "\n".join(parts))  # the prompt once, before the input's text
     return out
 
 

@@ -172,10 +172,12 @@ class OpenAIServingEmbedding:
 
     def _truncated(self, body: dict, text: str | None, ids: list[int]):
         cut = self.serving._truncation(body, None)  # truncate_prompt_tokens, truncation_side
-        if cut is None:
+        if cut is None or len(cut(ids)) == len(ids):
             return text, ids
-        kept = cut(ids)
-        return (text if len(kept) == len(ids) else None), kept  # a cut text no longer matches
+        keep, side = len(cut(ids)), body["truncation_side"]
+        if text is not None and field(body, "add_special_tokens", bool, True):
+            return None, cut_keeping_specials(self.serving.tokenizer, text, ids, keep, side)
+        return None, cut(ids)  # a cut text no longer matches its ids
 
     # -- running -------------------------------------------------------------------------------
     async def _run(self, request: Request, body: dict, params: PoolingParams, prefix: str) -> dict:
@@ -227,8 +229,13 @@ class OpenAIServingEmbedding:
         (thousands of vectors as floats take a second to write). encoding: (embed_dtype,
         endianness) of base64 and bytes."""
         tokens = rows["prompt_tokens"]
+        values = sum(p.numel() for p in rows["pooled"])
         if fmt in ("bytes", "bytes_only"):
-            return _bytes_response({**rows, "model": self.serving.model_name}, fmt, encoding)
+            rows = {**rows, "model": self.serving.model_name}
+            if values < _OFF_LOOP_VALUES:
+                return _bytes_response(rows, fmt, encoding)
+            return await asyncio.get_running_loop().run_in_executor(
+                None, _bytes_response, rows, fmt, encoding)
 
         def encode() -> bytes:
             data = [{"index": i, "object": kind,
@@ -240,10 +247,24 @@ class OpenAIServingEmbedding:
                 "model": self.serving.model_name, "data": data,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                           "prompt_tokens_details": None}})
-        values = sum(p.numel() for p in rows["pooled"])
         if values < _OFF_LOOP_VALUES:
             return Response(200, encode())
         return Response(200, await asyncio.get_running_loop().run_in_executor(None, encode))
+
+
+def cut_keeping_specials(tokenizer, text: str, ids: list[int], keep: int, side: str) -> list[int]:
+    """ids (text's, with the special tokens the tokenizer adds) cut to keep tokens as Hugging
+    Face tokenizers truncate: the text's own tokens are cut (their end, or with side "left"
+    their start), the special tokens around them stay ([CLS] ... [SEP], an appended EOS that a
+    last-token pooling reads)."""
+    content = tokenizer.encode(text, add_special_tokens=False)
+    extra = len(ids) - len(content)
+    head = next((p for p in range(max(extra, -1) + 1) if ids[p:p + len(content)] == content), None)
+    room = keep - extra
+    if head is None or room <= 0:  # specials not around the text, or no room beside them
+        return ids[:keep] if side == "right" else ids[-keep:]
+    kept = content[:room] if side == "right" else content[len(content) - room:]
+    return ids[:head] + kept + ids[head + len(content):]
 
 
 def _bytes_response(rows: dict, fmt: str, encoding: tuple[str, str]) -> Response:

@@ -73,17 +73,38 @@ def template_messages(body: dict) -> list[dict]:
     return cleaned
 
 
-def without_oldest_turn(messages: list[dict]) -> list[dict] | None:
-    """The conversation without its oldest exchange: the leading system messages stay, and
-    everything after them up to the next user message goes (a user turn with the answer,
-    tool calls and tool results that followed it, so no tool result loses its call). None
-    when no user message follows the first: the last exchange is not cut."""
+def without_oldest_turns(messages: list[dict]) -> list[list[dict]]:
+    """The conversation cut at each exchange boundary, shortest last: the leading system
+    messages stay, and each cut drops everything after them up to a later user message (whole
+    exchanges: a user turn with the answer, tool calls and tool results after it, so no tool
+    result loses its call). The last exchange is never cut."""
     start = 0
     while start < len(messages) and messages[start]["role"] == "system":
         start += 1
-    following = next((i for i in range(start + 1, len(messages)) if messages[i]["role"] == "user"),
-                     None)
-    return None if following is None else messages[:start] + messages[following:]
+    return [messages[:start] + messages[i:] for i in range(start + 1, len(messages))
+            if messages[i]["role"] == "user"]
+
+
+def fit_by_dropping_turns(messages: list[dict], render, fits) -> list[int]:
+    """The rendered ids of the conversation with the fewest oldest exchanges dropped for
+    fits(ids) to hold (the Responses API's truncation "auto"): a binary search over the
+    boundaries (without_oldest_turns), a handful of renders however long the conversation;
+    the shortest cut's ids when even that does not fit (the caller's 400)."""
+    ids = render(messages)
+    if fits(ids):
+        return ids
+    cuts = without_oldest_turns(messages)
+    low, high, best = 0, len(cuts) - 1, None
+    while low <= high:  # fewer messages never render longer: fits() is monotonic in the cut
+        middle = (low + high) // 2
+        candidate = render(cuts[middle])
+        if fits(candidate):
+            best, high = candidate, middle - 1
+        else:
+            low = middle + 1
+    if best is not None:
+        return best
+    return render(cuts[-1]) if cuts else ids
 
 
 # the text of a content part, by its type (as vLLM reads them): text, and the Responses API's

@@ -12,8 +12,7 @@ in the same batches as generation.
              with its index in documents
 
 max_tokens_per_query and max_tokens_per_doc (0: no limit) keep the first that many tokens of
-each query's or document's text (counted without special tokens, which the embedding adds as
-for any input). truncate_prompt_tokens, truncation_side, add_special_tokens, priority and
+each query's or document's text (counted without the special tokens, which stay around them). truncate_prompt_tokens, truncation_side, add_special_tokens, priority and
 request_id are read as /v1/embeddings reads them; at most MAX_INPUTS texts a request in all.
 instruction and chat_template_kwargs feed vLLM's score templates (cross-encoders, LLM
 rerankers): no template takes part in a cosine, so they are 400s."""
@@ -30,7 +29,7 @@ from pyserve.errors import InvalidRequest
 from pyserve.pooling_params import PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
-from pyserve.server.openai.embeddings import MAX_INPUTS, REFUSED
+from pyserve.server.openai.embeddings import MAX_INPUTS, REFUSED, cut_keeping_specials
 from pyserve.server.values import brief, field, log_ignored_fields
 
 # read as /v1/embeddings reads them
@@ -108,20 +107,24 @@ class OpenAIServingScores:
             left = left.expand(len(seconds), -1)
         return (left * right).sum(dim=-1).tolist(), rows
 
-    async def _cut(self, texts: list[str], body: dict, name: str) -> list[str]:
-        """The texts, each cut to its first `name` tokens (0 or absent: as they are)."""
+    async def _cut(self, texts: list[str], body: dict, name: str) -> list:
+        """The texts, each longer than `name` tokens of its own (0 or absent: no limit) as the
+        token ids of its first that many, beside the special tokens the tokenizer adds."""
         limit = field(body, name, int, 0)
         if limit < 0:
             raise APIError(400, f"{name} must be 0 (no limit) or more, got {limit}", name)
         if not limit:
             return texts
         tokenizer = self.serving.tokenizer
+        add_special = field(body, "add_special_tokens", bool, True)
 
-        def cut() -> list[str]:
+        def cut() -> list:
             out = []
             for text in texts:
-                ids = tokenizer.encode(text, add_special_tokens=False)
-                out.append(text if len(ids) <= limit else tokenizer.decode(ids[:limit]))
+                ids = tokenizer.encode(text, add_special_tokens=add_special)
+                extra = len(ids) - len(tokenizer.encode(text, add_special_tokens=False))
+                out.append(text if len(ids) - extra <= limit
+                           else cut_keeping_specials(tokenizer, text, ids, limit + extra, "right"))
             return out
         return await asyncio.get_running_loop().run_in_executor(None, cut)
 

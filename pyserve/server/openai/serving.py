@@ -25,7 +25,7 @@ from pyserve.server.openai.fields import check_fields
 from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import (load_template, template_documents, template_kwargs,
                                             template_messages, tool_mode, with_allowed_tools,
-                                            without_oldest_turn)
+                                            fit_by_dropping_turns)
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
@@ -211,9 +211,9 @@ class OpenAIServing:
                            off_loop: bool = False, drop_old_turns: bool = False) -> list[int]:
         """The conversation rendered and tokenized; off the event loop when it is long, or
         when off_loop asks (a caller rendering many small ones in a row). drop_old_turns (the
-        Responses API's truncation "auto"): while the prompt leaves no room to generate in the
-        model length, its oldest exchange is dropped (without_oldest_turn), as long as one
-        user turn remains."""
+        Responses API's truncation "auto"): the fewest oldest exchanges are dropped for the
+        prompt to leave max_tokens (at least one) of room (fit_by_dropping_turns); the last
+        exchange is never cut."""
         cleaned = template_messages(body)
         kwargs = self._template_kwargs(body)
         own = field(body, "chat_template", str)
@@ -240,15 +240,15 @@ class OpenAIServing:
             return apply_chat_template(self.tokenizer, messages, add_generation_prompt,
                                        chat_template=template, add_special_tokens=add_special,
                                        **kwargs)
+        if drop_old_turns:  # room for the output asked for (at least one token)
+            room = self.engine.max_model_len - max(max_tokens or 1, 1)
+            whole = render
+            render = lambda messages: fit_by_dropping_turns(  # noqa: E731
+                messages, whole, lambda ids: len(ids) <= room)
         try:
             if not off_loop and sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
                 ids = render(cleaned)
             else:
-                ids = await asyncio.get_running_loop().run_in_executor(None, render, cleaned)
-            while drop_old_turns and len(ids) >= self.engine.max_model_len:
-                cleaned = without_oldest_turn(cleaned)
-                if cleaned is None:
-                    break  # the last exchange alone does not fit: the caller's 400
                 ids = await asyncio.get_running_loop().run_in_executor(None, render, cleaned)
         except Exception as exc:  # template errors are the client's (or the model's) problem
             raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
@@ -365,7 +365,8 @@ class OpenAIServing:
         parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
-            self._reasoning_parser(thinking), include_reasoning, parallel, self._reasoning_markers)
+            self._reasoning_parser(thinking), include_reasoning, parallel, self._reasoning_markers,
+            calls_end_on_length=not as_data)
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output, as_data=as_data, chat_echo=echo_text,
                                    report_cached=report_cached)

@@ -94,7 +94,8 @@ class ResponsesAPI:
         chat, _ = chat_body(body, self._history(body))
         self.serving.check_model(chat.get("model"))
         try:
-            ids = await self.serving._chat_prompt(chat, tool_mode(chat, False, False)[1])
+            ids = await self.serving._chat_prompt(chat, tool_mode(chat, False, False)[1],
+                                                  drop_old_turns=body.get("truncation") == "auto")
         except APIError as exc:  # name the Responses field, not the chat field it became
             raise APIError(exc.status, exc.message, PARAMS.get(exc.param, exc.param)) from None
         return Response(200, orjson.dumps({"object": "response.input_tokens", "input_tokens": len(ids)}))

@@ -210,6 +210,21 @@ def _function(tool: dict, at: str, prefix: str = "") -> dict:
     return {"type": "function", "function": function}
 
 
+def _qualified_names(choice, namespaces: dict[str, tuple[str, str]]):
+    """A chat-form tool_choice whose function names a namespace's as namespace.name (the
+    Agents SDK's qualified name) with their flat chat names instead."""
+    flat = {f"{ns}.{name}": flat for flat, (ns, name) in namespaces.items()}
+    if not flat or not isinstance(choice, dict):
+        return choice
+    named = [choice.get("function")] if choice.get("type") == "function" else [
+        t.get("function") for t in (choice.get("allowed_tools") or {}).get("tools") or []
+        if isinstance(t, dict)]
+    for function in named:
+        if isinstance(function, dict) and function.get("name") in flat:
+            function["name"] = flat[function["name"]]
+    return choice
+
+
 def namespaced_names(tools) -> dict[str, tuple[str, str]]:
     """A request's namespace tools' flat names -> (namespace, name), to name its calls back."""
     out = {}
@@ -333,7 +348,8 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     tools = chat_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
-    choice = chat_tool_choice(body.get("tool_choice"), bool(tools))
+    choice = _qualified_names(chat_tool_choice(body.get("tool_choice"), bool(tools)),
+                              namespaced_names(body.get("tools")))
     if choice is not None:
         chat["tool_choice"] = choice
     fmt = response_format(body.get("text"))
