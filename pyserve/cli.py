@@ -23,12 +23,13 @@ from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, G
                             KV_CACHE_DTYPES, LOAD_FORMATS, RAY_COLLECTIVES,
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
+from pyserve.cli_env import (ENV_PREFIX, allow_long_max_model_len, apply_env_defaults,
+                             apply_vllm_env, cpu_kv_cache_space, test_fault_step)
 from pyserve.model.hub import is_hub_id, resolve_hub_model
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, config_file_flags,
                                  human_readable_int, human_readable_int_or_auto, normalize_argv,
                                  refuse_unknown)
 
-ENV_PREFIX = "PYSERVE_"
 # uvicorn's names, as vLLM's --uvicorn-log-level takes them; trace is logged as debug
 LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "warn": 30, "info": 20, "debug": 10,
               "trace": 10}
@@ -328,84 +329,13 @@ def _logging_flags(g) -> None:
                    help="characters of a prompt a request log line shows (default: all)")
 
 
-def _apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """PYSERVE_<DEST> values become defaults, converted and checked like the flag itself (by
-    the first flag of a dest: --kv-cache-memory's units, not --kv-cache-memory-bytes')."""
-    seen = set()
-    for action in parser._actions:
-        if not action.option_strings or action.dest in seen or action.dest == "help":
-            continue
-        seen.add(action.dest)
-        raw = environ.get(ENV_PREFIX + action.dest.upper())
-        if raw is None:
-            continue
-        value = _env_value(parser, action, raw, f"{ENV_PREFIX}{action.dest.upper()} "
-                           f"(for {action.option_strings[0]})")
-        parser.set_defaults(**{action.dest: value})
-
-
-def _env_value(parser: argparse.ArgumentParser, action: argparse.Action, raw: str, name: str):
-    try:
-        if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
-            return raw.strip().lower() in ("1", "true", "yes", "on")
-        value = action.type(raw) if action.type else raw
-        if action.choices is not None and value not in action.choices:
-            raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, action.choices))}")
-        return value
-    except (ValueError, argparse.ArgumentTypeError) as exc:
-        parser.error(f"{name}: invalid value '{raw}': {exc}")
-
-
-def _apply_vllm_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """vLLM's variables, below the flags and PYSERVE_* (VLLM_CPU_KVCACHE_SPACE: parse_serve)."""
-    actions = {a.dest: a for a in parser._actions}
-    for variable, dest in (("VLLM_API_KEY", "api_key"), ("VLLM_LOGGING_LEVEL", "log_level")):
-        raw = environ.get(variable)
-        if raw and parser.get_default(dest) is None:
-            parser.set_defaults(**{dest: _env_value(parser, actions[dest], raw, variable)})
-
-
-def _runs_on_cpu(device: str) -> bool:
-    """Whether the engine will pick the CPU (engine/core.py's resolve_device, without loading
-    the engine)."""
-    if device != "auto":
-        return device == "cpu"
-    import torch
-
-    from pyserve import _native
-
-    return not (torch.cuda.is_available() and _native.built_with_cuda())
-
-
-def _cpu_kv_cache_space(parser, environ: Mapping[str, str], device: str) -> int | None:
-    """VLLM_CPU_KVCACHE_SPACE, as vLLM reads it: whole GiB; 0 or unset: the default."""
-    raw = environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit():
-        parser.error(f"VLLM_CPU_KVCACHE_SPACE: must be a whole number of GiB, got '{raw}'")
-    gib = int(raw)
-    return gib * 1024**3 if gib > 0 and _runs_on_cpu(device) else None
-
-
-def _test_fault_step(parser, environ: Mapping[str, str]) -> int | None:
-    """$PYSERVE_TEST_FAULT_STEP (tests only): the model step at which the engine raises an
-    injected fault (engine/faults.py); unset: none."""
-    raw = environ.get(ENV_PREFIX + "TEST_FAULT_STEP", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        parser.error(f"{ENV_PREFIX}TEST_FAULT_STEP: must be a step number from 1, got '{raw}'")
-    return int(raw)
-
-
 def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
                 prog: str = "python -m pyserve") -> ServeArgs:
     """Flags and environment -> a validated ServeArgs; exits with status 2 on a bad value."""
     environ = os.environ if environ is None else environ
     parser = build_parser(prog)
-    _apply_env_defaults(parser, environ)
-    _apply_vllm_env(parser, environ)
+    apply_env_defaults(parser, environ)
+    apply_vllm_env(parser, environ)
     try:
         from_file, argv = config_file_flags(normalize_argv(sys.argv[1:] if argv is None else argv))
     except ValueError as exc:
@@ -444,10 +374,9 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
         if args[name] is None:
             del args[name]
     if args["kv_cache_memory"] is None:
-        args["kv_cache_memory"] = _cpu_kv_cache_space(parser, environ, args["device"])
-    args["test_fault_step"] = _test_fault_step(parser, environ)
-    args["allow_long_max_model_len"] = (
-        environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true", "yes", "on"))
+        args["kv_cache_memory"] = cpu_kv_cache_space(parser, environ, args["device"])
+    args["test_fault_step"] = test_fault_step(parser, environ)
+    args["allow_long_max_model_len"] = allow_long_max_model_len(environ)
     try:
         config = Config.from_flat(**args)
     except ConfigError as exc:

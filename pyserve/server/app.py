@@ -149,8 +149,11 @@ def _build_routes(state: ServerState, engine) -> Router:
 
     router.add("GET", "/v1/models", models)
     router.add("GET", "/metrics", metrics_handler(engine, engine.model_name))
-    router.add("POST", "/tokenize", serving.tokenize)
-    router.add("POST", "/detokenize", serving.detokenize)
+    from pyserve.server.openai.tokenize import TokenizeRoutes
+
+    tokenize = TokenizeRoutes(serving)
+    router.add("POST", "/tokenize", tokenize.tokenize)
+    router.add("POST", "/detokenize", tokenize.detokenize)
     router.add("POST", "/v1/completions", generation(serving.completions))
     router.add("POST", "/v1/chat/completions", generation(serving.chat))
     from pyserve.server.openai.embeddings import OpenAIServingEmbedding

@@ -499,31 +499,6 @@ class OpenAIServing:
         return objects.response(meta, choices, self.usage(prompt_tokens, completion_tokens, meta),
                                 prompt_logprobs)
 
-    async def tokenize(self, request: Request) -> Response:
-        body = self.parse_body(request)
-        if "messages" in body:
-            body = with_allowed_tools(body)  # the tools the chat route would render
-            tokens = await self._chat_prompt(body, tool_mode(body, False, False)[1])
-        else:
-            prompt = field(body, "prompt", (str,))
-            if prompt is None:
-                raise APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
-            add_special = field(body, "add_special_tokens", (bool,), True)
-            tokens = await self._encode(prompt, add_special)
-        strs = ([self.tokenizer.convert_ids_to_tokens(t) for t in tokens]
-                if field(body, "return_token_strs", bool, False) else None)
-        return _json({"count": len(tokens), "max_model_len": self.engine.max_model_len,
-                      "tokens": tokens, "token_strs": strs})
-
-    async def detokenize(self, request: Request) -> Response:
-        body = self.parse_body(request)
-        tokens = body.get("tokens")
-        vocab = self.engine.vocab_size
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
-            raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
-        return _json({"prompt": self.tokenizer.decode(tokens)})
-
     def usage(self, prompt_tokens: int, completion_tokens: int, meta: dict) -> dict:
         """A response's usage; with --enable-prompt-tokens-details, the prompt tokens the
         prefix cache served (vLLM 0.32 reports them whenever the flag is on, 0 included; over
