@@ -24,7 +24,7 @@ from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, G
                             REASONING_PARSERS, SCHEDULING_POLICIES, TOOL_CALL_PARSERS, Config,
                             ConfigError, default_download_dir, parse_size)
 from pyserve.cli_env import (ENV_PREFIX, allow_long_max_model_len, apply_env_defaults,
-                             apply_vllm_env, cpu_kv_cache_space, test_fault_step)
+                             apply_vllm_env, cpu_kv_cache_space, fault_step_from_env)
 from pyserve.model.hub import is_hub_id, resolve_hub_model
 from pyserve.vllm_flags import (add_foreign_flags, check_foreign, config_file_flags,
                                  human_readable_int, human_readable_int_or_auto, normalize_argv,
@@ -375,7 +375,7 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
             del args[name]
     if args["kv_cache_memory"] is None:
         args["kv_cache_memory"] = cpu_kv_cache_space(parser, environ, args["device"])
-    args["test_fault_step"] = test_fault_step(parser, environ)
+    args["test_fault_step"] = fault_step_from_env(parser, environ)
     args["allow_long_max_model_len"] = allow_long_max_model_len(environ)
     try:
         config = Config.from_flat(**args)

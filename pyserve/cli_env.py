@@ -72,7 +72,7 @@ def cpu_kv_cache_space(parser, environ: Mapping[str, str], device: str) -> int |
     return gib * 1024**3 if gib > 0 and _runs_on_cpu(device) else None
 
 
-def test_fault_step(parser, environ: Mapping[str, str]) -> int | None:
+def fault_step_from_env(parser, environ: Mapping[str, str]) -> int | None:
     """$PYSERVE_TEST_FAULT_STEP (tests only): the model step at which the engine raises an
     injected fault (engine/faults.py); unset: none."""
     raw = environ.get(ENV_PREFIX + "TEST_FAULT_STEP", "").strip()
