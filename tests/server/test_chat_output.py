@@ -122,3 +122,22 @@ def test_reasoning_tokens_are_counted_between_the_markers():
     assert unmarked.reasoning_tokens == 0 and unmarked.markers is None
     assert usage(3, 4, None, 2)["completion_tokens_details"] == {"reasoning_tokens": 2}
     assert "completion_tokens_details" not in usage(3, 4, None)
+
+
+def test_reasoning_left_out_leaves_its_tokens_out():
+    """include_reasoning false: the reasoning's token ids (and logprobs) leave the answer too,
+    as vLLM hides them, where the parser's markers are one token each."""
+    from types import SimpleNamespace
+
+    from pyserve.server.openai.objects import choice
+
+    meta = {"chat": True, "logprobs": None, "return_token_ids": True, "as_token_ids": False,
+            "role": "assistant", "chat_echo": None}
+    c = SimpleNamespace(token_ids=[1, 5, 2, 7], logprobs=None, text="<think>x</think>A",
+                        finish_reason="stop", stop_reason=None)
+    hidden = choice(meta, 0, c, True, None, ChoiceOutput(
+        reasoning_parser=reasoning_parser("qwen3"), include_reasoning=False, reasoning_markers=(1, 2)))
+    assert hidden["token_ids"] == [7] and hidden["message"]["reasoning"] is None
+    shown = choice(meta, 0, c, True, None, ChoiceOutput(
+        reasoning_parser=reasoning_parser("qwen3"), reasoning_markers=(1, 2)))
+    assert shown["token_ids"] == [1, 5, 2, 7] and shown["message"]["reasoning"] == "x"

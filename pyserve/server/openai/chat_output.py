@@ -156,20 +156,24 @@ class ChoiceOutput:
             merge_delta(merged, fragment)
         return merged
 
-    def count(self, token_ids) -> None:
+    def count(self, token_ids) -> list[bool]:
         """Counts the reasoning's tokens among the next generated ones, markers included, as
         vLLM counts them: from the start marker (or the output's start, for a template that
-        opened the reasoning itself) to the end marker."""
+        opened the reasoning itself) to the end marker. Returns which of them are reasoning
+        (none known without markers)."""
         if self.markers is None:
-            return
+            return [False] * len(token_ids)
         start, end = self.markers
+        flags = []
         for token in token_ids:
             if token == start and self.reasoning.enable_thinking:
                 self._in_reasoning = True
+            flags.append(self._in_reasoning)
             if self._in_reasoning:
                 self.reasoning_tokens += 1
                 if token == end:
                     self._in_reasoning = False
+        return flags
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
         """"tool_calls" once calls were made: on a stop, and with calls_end_on_length (auto

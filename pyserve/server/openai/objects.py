@@ -65,7 +65,15 @@ def choice(meta: dict, index: int, c, final: bool, tokenizer,
             return out | {"token_ids": token_ids, "prompt_logprobs": None, "prompt_token_ids": None}
         return out | {"prompt_token_ids": None, "token_ids": token_ids}
     output = output or ChoiceOutput()
-    output.count(c.token_ids)
+    reasoning = output.count(c.token_ids)
+    if not output.include_reasoning and any(reasoning):
+        # reasoning left out of the answer leaves its tokens out of logprobs and token_ids
+        # too, as vLLM hides them (where the parser's markers are one token each)
+        if logprobs is not None:
+            shown = [e for e, hidden in zip(logprobs["content"], reasoning) if not hidden]
+            logprobs = {"content": shown} if shown or final else None
+        if token_ids is not None:
+            token_ids = [t for t, hidden in zip(token_ids, reasoning) if not hidden]
     if final:
         # a whole message lists its tool calls ([] when none, as vLLM's did until it began
         # dropping an empty list: clients read an absent list as None either way)
