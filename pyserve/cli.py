@@ -26,9 +26,9 @@ from pyserve.config import (DEVICES, DTYPE_ALIASES, DTYPES, EXECUTOR_BACKENDS, G
 from pyserve.cli_env import (ENV_PREFIX, allow_long_max_model_len, apply_env_defaults,
                              apply_vllm_env, cpu_kv_cache_space, fault_step_from_env)
 from pyserve.model.hub import is_hub_id, resolve_hub_model
-from pyserve.vllm_flags import (add_foreign_flags, check_foreign, config_file_flags,
-                                 human_readable_int, human_readable_int_or_auto, normalize_argv,
-                                 refuse_unknown)
+from pyserve.vllm_flags import (REASONING_PARSER_MARK, add_foreign_flags, check_foreign,
+                                 config_file_flags, human_readable_int, human_readable_int_or_auto,
+                                 normalize_argv, refuse_unknown)
 
 # uvicorn's names, as vLLM's --uvicorn-log-level takes them; trace is logged as debug
 LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "warn": 30, "info": 20, "debug": 10,
@@ -362,6 +362,14 @@ def parse_serve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | 
         args["revision"] = args["hf_token"] = None  # used: nothing to warn about
         if args["served_model_name"] is None:  # the API names the model as it was asked for
             args["served_model_name"] = [hub_id]
+    structured = args.get("structured_outputs_config")
+    if isinstance(structured, str) and structured.startswith(REASONING_PARSER_MARK):
+        # vLLM keeps its reasoning parser in this config; --reasoning-parser is its alias
+        named = structured[len(REASONING_PARSER_MARK):]
+        if args["reasoning_parser"] not in (None, named):
+            parser.error(f"--structured-outputs-config names the reasoning parser {named}, "
+                         f"--reasoning-parser {args['reasoning_parser']}")
+        args["reasoning_parser"], args["structured_outputs_config"] = named, "xgrammar"
     try:
         warnings = check_foreign(args)
     except ValueError as exc:

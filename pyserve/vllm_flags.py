@@ -102,17 +102,24 @@ def _no_media(text: str) -> str:
     return text
 
 
+# --structured-outputs-config's reasoning_parser, carried to --reasoning-parser (cli.py)
+REASONING_PARSER_MARK = "xgrammar, reasoning parser "
+
+
 def _structured_outputs_config(text: str) -> str:
     """--structured-outputs-config's JSON -> "xgrammar" when it asks for what pyserve does
-    (backend auto or xgrammar, whitespace and additional properties as the schema allows);
-    anything else stays as given, and is refused."""
+    (backend auto or xgrammar, whitespace and additional properties as the schema allows,
+    grammars from the end of the reasoning on); with vLLM's reasoning_parser key, that parser
+    after REASONING_PARSER_MARK. Anything else stays as given, and is refused."""
     try:
         value = json.loads(text)
     except ValueError:
         return text
     if (isinstance(value, dict) and value.get("backend") in (None, "auto", "xgrammar")
-            and not value.get("disable_any_whitespace") and not value.get("disable_additional_properties")):
-        return "xgrammar"
+            and not value.get("disable_any_whitespace") and not value.get("disable_additional_properties")
+            and not value.get("enable_in_reasoning")):
+        parser = value.get("reasoning_parser")
+        return "xgrammar" if not parser else REASONING_PARSER_MARK + str(parser)
     return text
 
 

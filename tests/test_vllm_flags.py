@@ -289,6 +289,20 @@ def test_a_hugging_face_id_is_read_from_the_cache(tmp_path, tiny_model_factory, 
         parse_serve(["tiny-org/tokenizer-only"], environ=env)
 
 
+def test_the_structured_outputs_configs_reasoning_parser(capsys):
+    """vLLM keeps its reasoning parser in --structured-outputs-config (--reasoning-parser is an
+    alias): it is read; grammars inside the reasoning are not pyserve's and are refused."""
+    args = parse_serve(["--structured-outputs-config", '{"backend": "auto", "reasoning_parser": "qwen3"}'],
+                       environ={})
+    assert args.config.server.reasoning_parser == "qwen3" and args.warnings == ()
+    with pytest.raises(SystemExit):
+        parse_serve(["--structured-outputs-config", '{"reasoning_parser": "qwen3"}',
+                     "--reasoning-parser", "deepseek_r1"], environ={})
+    with pytest.raises(SystemExit):
+        parse_serve(["--structured-outputs-config", '{"enable_in_reasoning": true}'], environ={})
+    assert "pyserve does not support --structured-outputs-config" in capsys.readouterr().err
+
+
 def test_vllm_allow_long_max_model_len():
     args = parse_serve(["--max-model-len", "100000"], environ={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     assert args.config.model.allow_long_max_model_len is True
