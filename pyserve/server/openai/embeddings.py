@@ -5,11 +5,12 @@ as generation: each input is one pooling request (engine/pooling.py).
 vLLM's chat form, `messages` rendered by the chat template (without a generation prompt unless
 asked). At most MAX_INPUTS inputs a request, refused before anything is tokenized. Inputs
 longer than the model are a 400, unless truncate_prompt_tokens keeps their first (or, with
-truncation_side "left", last) tokens: vLLM's pooling side, where generation keeps the last. encoding_format "base64" is each vector's bytes (embed_dtype,
-float32 by default, in the endianness asked for, little-endian by default: what OpenAI's SDK
-decodes); "bytes" and "bytes_only" are vLLM's binary answers: the vectors' bytes one after the
-other as application/octet-stream, with (bytes) a `metadata` header holding the JSON of where
-each one starts and ends, its dtype, endianness and shape, and the usage."""
+truncation_side "left", last) tokens: vLLM's pooling side, where generation keeps the last.
+encoding_format "base64" is each vector's bytes (embed_dtype, float32 by default, in the
+endianness asked for, little-endian by default: what OpenAI's SDK decodes); "bytes" and
+"bytes_only" are vLLM's binary answers: the vectors' bytes one after the other as
+application/octet-stream, with (bytes) a `metadata` header holding the JSON of where each one
+starts and ends, its dtype, endianness and shape, and the usage."""
 
 from __future__ import annotations
 

@@ -12,10 +12,11 @@ in the same batches as generation.
              with its index in documents
 
 max_tokens_per_query and max_tokens_per_doc (0: no limit) keep the first that many tokens of
-each query's or document's text (counted without the special tokens, which stay around them). truncate_prompt_tokens, truncation_side, add_special_tokens, priority and
-request_id are read as /v1/embeddings reads them; at most MAX_INPUTS texts a request in all.
-instruction and chat_template_kwargs feed vLLM's score templates (cross-encoders, LLM
-rerankers): no template takes part in a cosine, so they are 400s."""
+each query's or document's text (counted without the special tokens, which stay around them).
+truncate_prompt_tokens, truncation_side, add_special_tokens, priority and request_id are read
+as /v1/embeddings reads them; at most MAX_INPUTS texts a request in all. instruction and
+chat_template_kwargs feed vLLM's score templates (cross-encoders, LLM rerankers): no template
+takes part in a cosine, so they are 400s."""
 
 from __future__ import annotations
 

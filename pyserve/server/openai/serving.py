@@ -406,7 +406,8 @@ class OpenAIServing:
         parser = self._reasoning_parser(True)
         if parser is None:
             return None
-        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in (parser.start, parser.end)]
+        ids = [self.tokenizer.encode(marker, add_special_tokens=False)
+               for marker in (parser.start, parser.end)]
         return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
 
     async def _constrained(self, body: dict, params, forced=None):
