@@ -42,10 +42,13 @@ def resolve_hub_model(model: str, revision: str | None, token: str | None,
                          "to fetch it") from exc
     cache_dir = _cache_dir(environ)
     offline = environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+    def snapshot(**kw) -> str:
+        return snapshot_download(model, revision=revision, cache_dir=cache_dir,
+                                 allow_patterns=list(_FILES), ignore_patterns=list(_SKIPPED), **kw)
+
     try:
-        cached = snapshot_download(model, revision=revision, cache_dir=cache_dir,
-                                   allow_patterns=list(_FILES), ignore_patterns=list(_SKIPPED),
-                                   local_files_only=True)
+        cached = snapshot(local_files_only=True)
     except Exception:  # not in the cache
         cached = None
     if cached is not None and _servable(cached):
@@ -54,9 +57,7 @@ def resolve_hub_model(model: str, revision: str | None, token: str | None,
         raise ValueError(f"'{model}' is not a local path and not whole in the Hugging Face cache "
                          f"({cache_dir or 'the default one'}), and HF_HUB_OFFLINE is set")
     try:
-        return snapshot_download(model, revision=revision, cache_dir=cache_dir,
-                                 allow_patterns=list(_FILES), ignore_patterns=list(_SKIPPED),
-                                 token=token or environ.get("HF_TOKEN"))
+        return snapshot(token=token or environ.get("HF_TOKEN"))
     except Exception as exc:
         raise ValueError(f"'{model}' is not a local path, and fetching it from the Hugging Face "
                          f"hub failed: {type(exc).__name__}: {exc}") from exc

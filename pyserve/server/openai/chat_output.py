@@ -156,13 +156,13 @@ class ChoiceOutput:
             merge_delta(merged, fragment)
         return merged
 
-    def count(self, token_ids) -> list[bool]:
+    def count(self, token_ids) -> list[bool] | tuple:
         """Counts the reasoning's tokens among the next generated ones, markers included, as
         vLLM counts them: from the start marker (or the output's start, for a template that
         opened the reasoning itself) to the end marker. Returns which of them are reasoning
         (none known without markers)."""
         if self.markers is None:
-            return [False] * len(token_ids)
+            return ()
         start, end = self.markers
         flags = []
         for token in token_ids:
