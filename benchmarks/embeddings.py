@@ -17,7 +17,9 @@ sentence-transformers' encode(batch_size=...) in the same process, one after the
   one with --dtype bfloat16 (steps' GEMMs in bfloat16) where the CPU has AMX or AVX-512 BF16;
 - a BERT of all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads, random weights made by
   tools/make_tiny_bert.py: no model hub here), mean pooling, normalized, from its
-  sentence-transformers directory; with AMX or AVX-512 BF16 a --dtype bfloat16 row too.
+  sentence-transformers directory; where the CPU has AMX (whose default GEMMs are then
+  bfloat16x3, --encoder-matmul-precision high) a float32 row (highest) too, and with AMX or
+  AVX-512 BF16 a --dtype bfloat16 row.
 
 Both sides get a warm-up pass first; each figure is the best of --repeats passes. Cosine
 agreement of the two sides' embeddings is printed too.
@@ -169,9 +171,13 @@ def main() -> int:
 
         bert = make_tiny_bert(Path(tempfile.mkdtemp(prefix="bench-bert-")), "bert", "mean",
                               overrides=MINILM)
+        variants = {"": {}}
+        if _native.bf16x3_supported():  # the default's GEMMs are bfloat16x3: float32's beside
+            variants[", --encoder-matmul-precision highest"] = dict(encoder_matmul_precision="highest")
+        if bf16_gemm_supported():
+            variants[", --dtype bfloat16"] = dict(dtype="bfloat16")
         throughput("BERT (MiniLM-L6 shape, mean)", bert, SentenceTransformer(str(bert), device="cpu"),
-                   items, args.batch_size, args.repeats,
-                   {"": {}, **({", --dtype bfloat16": dict(dtype="bfloat16")} if bf16_gemm_supported() else {})})
+                   items, args.batch_size, args.repeats, variants)
     if not args.skip_latency:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.e2e.server import ServerProcess

@@ -192,6 +192,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),
         py::arg("type"), py::arg("int8_activations") = false, py::call_guard<py::gil_scoped_release>());
   m.def("int8_dot_supported", &pyserve::cpu::int8_dot_supported);
+  m.def("bf16x3_supported", &pyserve::cpu::bf16x3_supported);
+  m.def("pack_bf16x3_weight", &pyserve::cpu::pack_bf16x3_weight, py::arg("weight"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("bf16x3_linear", &pyserve::cpu::bf16x3_linear, py::arg("x"), py::arg("packed"), py::arg("n"),
+        py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("limit_parallel_regions", &pyserve::limit_parallel_regions, py::arg("threads"));
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());

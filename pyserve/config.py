@@ -20,6 +20,7 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 GGUF_ACTIVATIONS = ("float32", "int8")
+MATMUL_PRECISIONS = ("high", "highest")  # torch.set_float32_matmul_precision's names
 # vLLM's names (float16 is llama.cpp's default cache type): every fp8 is e5m2 on the CPU, as
 # in vLLM's CPU backend; fp8_inc and fp8_ds_mla are not built
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e5m2", "fp8_e4m3")
@@ -51,6 +52,9 @@ class ModelConfig:
     # output) or int8 ones with integer dot products, as llama.cpp computes them (faster, not
     # bitwise)
     gguf_activations: str = "float32"
+    # an encoder's float32 GEMMs: "high" runs them as three bfloat16 products on AMX where
+    # the CPU has it (csrc/cpu/bf16x3.cpp; relative error a few 1e-6), "highest" in float32
+    encoder_matmul_precision: str = "high"
     # sampling defaults: "auto" (the model's generation_config.json), "vllm" (none), or a folder
     generation_config: str = "auto"
     # vLLM's --override-generation-config: sampling defaults laid over the generation config's
@@ -321,6 +325,8 @@ def validate(config: Config) -> None:
     need(m.load_format in LOAD_FORMATS, "--load-format", f"must be one of {', '.join(LOAD_FORMATS)}")
     need(m.gguf_activations in GGUF_ACTIVATIONS, "--gguf-activations",
          f"must be one of {', '.join(GGUF_ACTIVATIONS)}")
+    need(m.encoder_matmul_precision in MATMUL_PRECISIONS, "--encoder-matmul-precision",
+         f"must be one of {', '.join(MATMUL_PRECISIONS)}")
     need(config.device.device in DEVICES, "--device", f"must be one of {', '.join(DEVICES)}")
     need(m.generation_config in ("auto", "vllm") or Path(m.generation_config).is_dir(),
          "--generation-config", f"must be auto, vllm or a folder, got '{m.generation_config}'")

@@ -69,6 +69,15 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
 at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
 at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
 
+// Float32 GEMMs as three bfloat16 products on AMX tiles (csrc/cpu/bf16x3.cpp: the split, its
+// error and the layout). bf16x3_supported(): built with AMX-BF16 and granted the tile state by
+// the kernel. pack_bf16x3_weight packs a float32 weight [N, K] (N, K multiples of 32) once;
+// bf16x3_linear returns x[M, K] · weight[N, K]ᵀ (+ bias[N]), float32 [M, N].
+bool bf16x3_supported();
+at::Tensor pack_bf16x3_weight(const at::Tensor& weight);
+at::Tensor bf16x3_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                         const c10::optional<at::Tensor>& bias);
+
 // The fused layer ops, with the contracts of their CUDA twins in csrc/cuda/ops.h:
 // rms_norm: out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32;
 // fused_add_rms_norm: in place, residual = input + residual, input = rms_norm(residual);

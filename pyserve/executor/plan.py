@@ -140,6 +140,14 @@ def _bf16_gemm(device: torch.device, dtype: torch.dtype, weight_dtype: torch.dty
     return rows
 
 
+def _bf16x3(precision: str, device: torch.device, dtype: torch.dtype,
+            weight_dtype: torch.dtype) -> bool:
+    """An encoder's float32 GEMMs as three bfloat16 products on AMX tiles (csrc/cpu/bf16x3.cpp),
+    where --encoder-matmul-precision is high and the CPU and the build have AMX-BF16."""
+    return (precision == "high" and device.type == "cpu" and dtype == torch.float32
+            and weight_dtype == torch.float32 and _native.bf16x3_supported())
+
+
 _KV_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": torch.float8_e5m2,
                     "fp8_e5m2": torch.float8_e5m2, "fp8_e4m3": torch.float8_e5m2}
 
@@ -248,6 +256,7 @@ def resolve(config: Config) -> EnginePlan:
     gguf_kept = source.gguf_path is not None and device.type == "cpu" and dtype == torch.float32
     int8 = gguf_kept and _int8_activations(config.model.gguf_activations)
     bf16_gemm = _bf16_gemm(device, dtype, weight_dtype)
+    bf16x3 = encoder and _bf16x3(config.model.encoder_matmul_precision, device, dtype, weight_dtype)
     weights = (f"GGUF weights from {source.gguf_path.name}, "
                f"{'int8' if int8 else 'float32'} activations" if gguf_kept
                else _dtype_name(dtype, weight_dtype))
@@ -257,6 +266,8 @@ def resolve(config: Config) -> EnginePlan:
         if int8:  # layers with int8-activation panels hold out longer (layers/linear.py)
             weights += (f", {bf16_gemm.int8_panels} on int8 layers" if bf16_gemm.int8_panels
                         else ", none on int8 layers")
+    if bf16x3:
+        weights += "; GEMMs as three bfloat16 products on AMX (--encoder-matmul-precision high)"
     order = config.cache.kv_block_order
     if order == "auto":
         order = "lru" if device.type == "cuda" else "resident"
@@ -266,7 +277,7 @@ def resolve(config: Config) -> EnginePlan:
                       sched.max_num_batched_tokens, sched.max_num_seqs, graph_sizes, int8, encoder,
                       pipeline_parallel_size=pp,
                       pipeline_micro_batches=config.parallel.pipeline_micro_batches,
-                      kv_groups=kv_groups, bf16_gemm=bf16_gemm,
+                      kv_groups=kv_groups, bf16_gemm=bf16_gemm, bf16x3=bf16x3,
                       kv_dtype=None if kv_dtype == dtype else kv_dtype)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,

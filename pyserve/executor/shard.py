@@ -54,6 +54,7 @@ class ShardSpec:
     kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
     # steps of many rows: bfloat16 GEMMs from these rows (--dtype bfloat16, AMX or AVX-512 BF16)
     bf16_gemm: BF16GemmRows | None = None
+    bf16x3: bool = False  # an encoder's float32 GEMMs as bfloat16x3 on AMX (--encoder-matmul-precision)
     kv_dtype: torch.dtype | None = None  # the KV cache's (--kv-cache-dtype); None: dtype
 
     @property
@@ -104,7 +105,7 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
     device = rank_device(spec, tp.rank)
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
-                       spec.int8_activations, stage, spec.bf16_gemm)
+                       spec.int8_activations, stage, spec.bf16_gemm, spec.bf16x3)
     if links is not None:
         from pyserve.executor.pipeline_stage import PipelineStageModel
 

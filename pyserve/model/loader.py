@@ -53,20 +53,22 @@ def narrow_weights(model: torch.nn.Module, weight_dtype: torch.dtype) -> None:
 
 
 def pack_weights(model: torch.nn.Module, int8_activations: bool = False,
-                 bf16_gemm: BF16GemmRows | None = None) -> None:
+                 bf16_gemm: BF16GemmRows | None = None, bf16x3: bool = False) -> None:
     """On the CPU with float32 activations: linear layers and embeddings keep their weights
     in the packed layout of our CPU linear kernel (see layers/linear.py), and the decoder
     layers that can run as one native call are set up to. bf16_gemm: the linear layers (not
     the embedding and LM head, whose steps are few rows) keep a bfloat16 copy for bfloat16
-    GEMMs over many rows (layers/linear.py)."""
+    GEMMs over many rows (layers/linear.py). bf16x3: the linear layers whose shapes allow it
+    are packed for bfloat16x3 GEMMs on AMX instead (an encoder's, layers/linear.py)."""
     from pyserve.model.layers.embedding import VocabParallelEmbedding
     from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear, pack_for_cpu
 
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             if module.gguf is not None or module.weight.dtype in (torch.float32, torch.bfloat16):
-                pack_for_cpu(module, int8_activations,
-                             None if isinstance(module, VocabParallelEmbedding) else bf16_gemm)
+                linear = not isinstance(module, VocabParallelEmbedding)
+                pack_for_cpu(module, int8_activations, bf16_gemm if linear else None,
+                             bf16x3 and linear)
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native()
@@ -148,12 +150,13 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
                tp: TPGroup = SINGLE, weight_dtype: torch.dtype | None = None,
                gguf_path: Path | None = None, int8_activations: bool = False,
                stage: PipelineStage = WHOLE_MODEL,
-               bf16_gemm: BF16GemmRows | None = None) -> torch.nn.Module:
+               bf16_gemm: BF16GemmRows | None = None, bf16x3: bool = False) -> torch.nn.Module:
     """stage: the pipeline stage this process runs (its layers only).
     gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
     Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
     int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products.
-    bf16_gemm: steps of many rows run the linear layers as bfloat16 GEMMs (pack_weights)."""
+    bf16_gemm: steps of many rows run the linear layers as bfloat16 GEMMs (pack_weights).
+    bf16x3: the linear layers run as bfloat16x3 GEMMs on AMX (an encoder's; pack_weights)."""
     quantized = {}
     if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
         from pyserve.model.gguf import gguf_blocks
@@ -166,7 +169,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
     if weight_dtype is not None and weight_dtype != dtype:
         narrow_weights(model, weight_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        pack_weights(model, int8_activations, bf16_gemm)
+        pack_weights(model, int8_activations, bf16_gemm, bf16x3)
     return model
 
 

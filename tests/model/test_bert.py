@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pyserve import _native
 from pyserve.errors import ModelLoadError
 from pyserve.model.loader import iterate_safetensors, pack_weights, safetensors_files
 from pyserve.model.models import bert
@@ -64,15 +65,17 @@ def test_packed_forward_matches_transformers(model_dirs, kind):
     path = model_dirs[kind]
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     hf = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
-    ours = load_ours(path)
     batches = [[tokenizer(t)["input_ids"] for t in texts] for texts in (TEXTS, SHORT_TEXTS)]
     with torch.no_grad():
         expected = [torch.cat([hf(input_ids=torch.tensor([seq])).last_hidden_state[0]
                                for seq in ids]) for ids in batches]
-        for pack in (False, True):
-            if pack:
-                pack_weights(ours)
-                assert ours.layers[0].qkv_proj.packed is not None
+        # unpacked (BLAS), our packed panels, and bfloat16x3 GEMMs on AMX where there is AMX
+        for pack in (None, "panels") + (("bf16x3",) if _native.bf16x3_supported() else ()):
+            ours = load_ours(path)
+            if pack is not None:
+                pack_weights(ours, bf16x3=pack == "bf16x3")
+                qkv = ours.layers[0].qkv_proj
+                assert (qkv.packed if pack == "panels" else qkv.bf16x3_weight) is not None
             for ids, reference in zip(batches, expected):
                 out = ours(*packed(ids))
                 assert out.shape == reference.shape
@@ -216,3 +219,29 @@ def test_load_weights_takes_prefixed_names_and_skips_heads(model_dirs):
     assert model.load_weights(weights) == set(reference)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param, reference[name], atol=0, rtol=0)
+
+
+def test_encoder_matmul_precision_chooses_the_gemms(model_dirs, tiny_model_factory):
+    """high (the default): an encoder's linear layers run as bfloat16x3 GEMMs where the CPU has
+    AMX, embedding within 1e-6 cosine of highest's float32 ones; decoders never do."""
+    from pyserve import LLM
+    from pyserve.config import Config
+    from pyserve.executor.plan import resolve
+    from pyserve.model.layers.linear import ColumnParallelLinear
+
+    path = str(model_dirs["bert"])
+    amx = _native.bf16x3_supported()
+    assert resolve(Config.from_flat(model=path)).shard.bf16x3 == amx
+    assert not resolve(Config.from_flat(model=path, encoder_matmul_precision="highest")).shard.bf16x3
+    assert not resolve(Config.from_flat(model=str(tiny_model_factory("llama")))).shard.bf16x3
+    texts = TEXTS + [LONG_TEXT]
+    runs = {}
+    for precision in ("high", "highest"):
+        llm = LLM(path, encoder_matmul_precision=precision)
+        linears = [m for m in llm.engine.executor.runner.model.modules()
+                   if isinstance(m, ColumnParallelLinear)]
+        assert linears and all((m.bf16x3_weight is not None) == (amx and precision == "high")
+                               for m in linears)
+        runs[precision] = torch.tensor([o.outputs.embedding for o in llm.embed(texts)])
+        llm.shutdown()
+    assert F.cosine_similarity(runs["high"], runs["highest"]).min().item() > 1 - 1e-6

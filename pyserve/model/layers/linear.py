@@ -84,14 +84,25 @@ def packed_max_rows(packed: torch.Tensor, bf16_gemm: BF16GemmRows | None = None)
 
 
 def pack_for_cpu(layer: nn.Module, int8_activations: bool = False,
-                 bf16_gemm: BF16GemmRows | None = None) -> None:
+                 bf16_gemm: BF16GemmRows | None = None, bf16x3: bool = False) -> None:
     """Replaces layer.weight [N, K] (float32 or bfloat16, on the CPU), or the GGUF blocks
     loaded in its place, by their packed form, which only apply_linear and the embedding
     lookup read. The unpacked copy is freed. int8_activations: a GGUF layer then quantizes its
     input to int8 for integer dot products (packed as int8; see csrc/cpu/ops.h).
     bf16_gemm: the layer also keeps its weight as plain bfloat16 [N, K] (gemm_weight, 2 bytes a
     weight besides the packed form) for steps of bf16_gemm.min_rows rows or more, unless its
-    packed kernel is the faster at every row count."""
+    packed kernel is the faster at every row count.
+    bf16x3: a float32 weight whose sides are multiples of 32 is packed for bfloat16x3 GEMMs on
+    AMX instead (bf16x3_weight), which run every step of the layer: from 16 rows on they
+    outran both the packed kernel and BLAS (csrc/cpu/bf16x3.cpp; 16 rows of 384 x 384 did not:
+    199 against 249 GFLOP/s, a corner an encoder's steps rarely sit in)."""
+    weight = layer.weight.data
+    if (bf16x3 and layer.gguf is None and weight.dtype == torch.float32
+            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0):
+        layer.bf16x3_weight = _native.pack_bf16x3_weight(weight)
+        layer.out_features = weight.shape[0]
+        layer.weight.data = weight.new_empty(0, weight.shape[1])
+        return
     _pack(layer, int8_activations)
     parts = ([(layer.packed, layer.out_features)] if layer.packed is not None
              else layer.packed_parts)
@@ -127,6 +138,9 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     """x [M, K] · layer's weight [N, K]ᵀ + bias, in x's dtype (float32 on the CPU, whose
     weights may be stored as bfloat16: half the bytes to read). out: a contiguous [M, N]
     float32 tensor for the packed kernel to write into (other paths allocate theirs)."""
+    bf16x3 = getattr(layer, "bf16x3_weight", None)
+    if bf16x3 is not None:
+        return _native.bf16x3_linear(x.contiguous(), bf16x3, layer.out_features, bias)
     gemm = getattr(layer, "gemm_weight", None)
     if gemm is not None and x.shape[0] > layer.max_packed_rows:
         return bf16_linear(x, gemm, bias)
@@ -204,6 +218,7 @@ class ColumnParallelLinear(nn.Module):
         self.packed = None  # set by pack_for_cpu
         self.packed_parts = None  # instead, per part: a merged GGUF weight of several types
         self.gemm_weight = None  # bfloat16 [N, K] for bfloat16 GEMMs (pack_for_cpu's bf16_gemm)
+        self.bf16x3_weight = None  # instead of packed: for bfloat16x3 GEMMs (pack_for_cpu's bf16x3)
         self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def shard_range(self, shard_id: int, loaded_rows: int) -> tuple[int, int]:
@@ -258,6 +273,7 @@ class RowParallelLinear(nn.Module):
         self.bias = _param((output_size,), dtype, self._load_bias) if bias else None
         self.packed = None  # set by pack_for_cpu
         self.gemm_weight = None  # bfloat16 [N, K] for bfloat16 GEMMs (pack_for_cpu's bf16_gemm)
+        self.bf16x3_weight = None  # instead of packed: for bfloat16x3 GEMMs (pack_for_cpu's bf16x3)
         self.gguf = None  # GGUF blocks loaded in place of weight (layers/quantized.py)
 
     def _load_weight(self, param: nn.Parameter, loaded) -> None:
