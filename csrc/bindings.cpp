@@ -192,6 +192,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_gguf_weight", &pyserve::cpu::pack_gguf_weight, py::arg("blocks"), py::arg("k"),
         py::arg("type"), py::arg("int8_activations") = false, py::call_guard<py::gil_scoped_release>());
   m.def("int8_dot_supported", &pyserve::cpu::int8_dot_supported);
+  m.def("encoder_attention_supported", &pyserve::cpu::encoder_attention_supported, py::arg("head_size"));
+  m.def("encoder_attention", &pyserve::cpu::encoder_attention, py::arg("out"), py::arg("qkv"),
+        py::arg("query_start_loc"), py::arg("scale"), py::call_guard<py::gil_scoped_release>());
   m.def("bf16x3_supported", &pyserve::cpu::bf16x3_supported);
   m.def("pack_bf16x3_weight", &pyserve::cpu::pack_bf16x3_weight, py::arg("weight"),
         py::call_guard<py::gil_scoped_release>());

@@ -73,6 +73,13 @@ at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
 // error and the layout). bf16x3_supported(): built with AMX-BF16 and granted the tile state by
 // the kernel. pack_bf16x3_weight packs a float32 weight [N, K] (N, K multiples of 32) once;
 // bf16x3_linear returns x[M, K] · weight[N, K]ᵀ (+ bias[N]), float32 [M, N].
+// Bidirectional attention over an encoder's packed batch (csrc/cpu/encoder_attention.cpp):
+// out[T, H, D] = softmax(q kᵀ · scale) v within each sequence of qkv [T, 3, H, D] (rows
+// [3][H][D] contiguous), sequences bounded by query_start_loc [B + 1]; float32.
+// encoder_attention_supported(D): this build has a vector path for head size D.
+bool encoder_attention_supported(int64_t head_size);
+void encoder_attention(at::Tensor& out, const at::Tensor& qkv, const at::Tensor& query_start_loc,
+                       double scale);
 bool bf16x3_supported();
 at::Tensor pack_bf16x3_weight(const at::Tensor& weight);
 at::Tensor bf16x3_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,

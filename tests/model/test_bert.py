@@ -120,18 +120,46 @@ def test_embeddings_match_sentence_transformers(model_dirs, name):
     ([40, 3], 2), ([20, 2, 2, 2], 4), ([1, 1, 30], 3),  # too long, or too uneven: one per sequence
 ])
 def test_packed_attention_paths(monkeypatch, lens, calls):
-    """Both ways against attention of each sequence alone."""
+    """Both SDPA ways (where our kernel is not taken) against attention of each sequence alone."""
+    monkeypatch.setattr(_native, "encoder_attention_supported", lambda head_size: False)
     sdpa, made = F.scaled_dot_product_attention, []
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: made.append(1) or sdpa(*a, **k))
     torch.manual_seed(0)
     qkv = torch.randn(sum(lens), 3, 4, 8)
     out = bert.packed_attention(qkv, packed([[0] * n for n in lens])[2])
     assert len(made) == calls
+    _assert_each_sequence_alone(qkv, lens, out)
+
+
+def _assert_each_sequence_alone(qkv, lens, out):
     for seq, got in zip(qkv.split(lens), out.split(lens)):
-        q, k, v = seq.unbind(1)  # [L, H, D]
-        weights = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(8), dim=-1)
+        q, k, v = seq.double().unbind(1)  # [L, H, D]
+        weights = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1]), dim=-1)
         expected = torch.einsum("hqk,khd->qhd", weights, v)
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("head_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("lens", [[1], [5, 17, 1, 33], [300, 2], [64] * 9])
+def test_native_encoder_attention(head_size, lens):
+    """Our kernel (every head size a multiple of the build's vector width) against each
+    sequence alone: lengths off and on whole vectors, rows in and out of its row groups."""
+    if not _native.encoder_attention_supported(head_size):
+        pytest.skip(f"this build has no vector path for head size {head_size}")
+    torch.manual_seed(head_size)
+    qkv = torch.randn(sum(lens), 3, 3, head_size)
+    out = bert.packed_attention(qkv, packed([[0] * n for n in lens])[2])
+    _assert_each_sequence_alone(qkv, lens, out)
+
+
+def test_native_encoder_attention_refuses_bad_input():
+    if not _native.encoder_attention_supported(32):
+        pytest.skip("this build has no vector path")
+    qkv, out = torch.randn(6, 3, 2, 32), torch.empty(6, 2, 32)
+    with pytest.raises(RuntimeError, match="from 0 to T"):
+        _native.encoder_attention(out, qkv, torch.tensor([0, 4]), 1.0)
+    with pytest.raises(RuntimeError, match="contiguously"):
+        _native.encoder_attention(out, torch.randn(6, 3, 2, 64)[..., :32], torch.tensor([0, 6]), 1.0)
 
 
 def test_read_sentence_transformers(model_dirs, tmp_path):
