@@ -199,7 +199,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_bf16x3_weight", &pyserve::cpu::pack_bf16x3_weight, py::arg("weight"),
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16x3_linear", &pyserve::cpu::bf16x3_linear, py::arg("x"), py::arg("packed"), py::arg("n"),
-        py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+        py::arg("bias") = py::none(), py::arg("activation") = "none",
+        py::call_guard<py::gil_scoped_release>());
   m.def("limit_parallel_regions", &pyserve::limit_parallel_regions, py::arg("threads"));
   m.def("packed_rows", &pyserve::cpu::packed_rows, py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());

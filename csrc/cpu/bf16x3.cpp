@@ -17,16 +17,30 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define PYSERVE_BF16X3 1
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "cpu/vec.h"
 #endif
 
 namespace pyserve::cpu {
 namespace {
+
+// what the epilogue applies to each output after the bias (an encoder's up projection)
+enum class Activation { kNone, kGelu, kGeluTanh, kRelu };
+
+Activation activation_named(const std::string& name) {
+  if (name == "none") return Activation::kNone;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  TORCH_CHECK(name == "relu", "bf16x3_linear: activation must be none, gelu, gelu_tanh or relu, not ", name);
+  return Activation::kRelu;
+}
 
 constexpr int64_t kBlock = 32;  // rows, columns and k of one step of the kernel
 constexpr int64_t kTileElems = 512;  // bfloat16 in one B tile
@@ -131,6 +145,40 @@ inline void block_product(const uint16_t* a_hi, const uint16_t* a_lo, const uint
   _tile_stored(2, c + 16 * ldc, ldc * 4);
   _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
 }
+// erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7), the formula of
+// PyTorch's vectorized erf, which its CPU GELU uses: 1 - t (p1 + t (p2 + ... p5)) e^(-x^2),
+// t = 1 / (1 + p |x|), the sign put back
+inline __m512 erf_approx(__m512 x) {
+  const __m512 ax = _mm512_abs_ps(x);
+  const __m512 t = _mm512_div_ps(simd::set1(1.f), simd::fma(simd::set1(0.3275911f), ax, simd::set1(1.f)));
+  __m512 r = simd::fma(simd::set1(1.061405429f), t, simd::set1(-1.453152027f));
+  r = simd::fma(r, t, simd::set1(1.421413741f));
+  r = simd::fma(r, t, simd::set1(-0.284496736f));
+  r = simd::fma(r, t, simd::set1(0.254829592f));
+  const __m512 e = simd::exp_clamped(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(x, x)));
+  const __m512 y = _mm512_sub_ps(simd::set1(1.f), _mm512_mul_ps(_mm512_mul_ps(r, t), e));
+  return _mm512_or_ps(y, _mm512_and_ps(x, simd::set1(-0.f)));
+}
+
+inline __m512 activate(Activation act, __m512 x) {
+  const __m512 half_x = _mm512_mul_ps(x, simd::set1(0.5f));
+  switch (act) {
+    case Activation::kGelu:  // x/2 (1 + erf(x / sqrt 2))
+      return _mm512_mul_ps(half_x, _mm512_add_ps(simd::set1(1.f),
+                                                 erf_approx(_mm512_mul_ps(x, simd::set1(0.70710678118654752f)))));
+    case Activation::kGeluTanh: {  // x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); tanh(u) = 1 - 2 / (e^2u + 1)
+      const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+      const __m512 u = _mm512_mul_ps(simd::set1(0.79788456080286536f), simd::fma(simd::set1(0.044715f), x3, x));
+      const __m512 e = simd::exp_clamped(_mm512_add_ps(u, u));
+      const __m512 th = _mm512_sub_ps(simd::set1(1.f), _mm512_div_ps(simd::set1(2.f), _mm512_add_ps(e, simd::set1(1.f))));
+      return _mm512_mul_ps(half_x, _mm512_add_ps(simd::set1(1.f), th));
+    }
+    case Activation::kRelu:
+      return _mm512_max_ps(x, _mm512_setzero_ps());
+    default:
+      return x;
+  }
+}
 #endif
 
 }  // namespace
@@ -180,7 +228,8 @@ at::Tensor pack_bf16x3_weight(const at::Tensor& weight) {
 }
 
 at::Tensor bf16x3_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                         const c10::optional<at::Tensor>& bias) {
+                         const c10::optional<at::Tensor>& bias, const std::string& activation) {
+  const Activation act = activation_named(activation);
   TORCH_CHECK(bf16x3_supported(), "bf16x3_linear: this CPU (or build) has no AMX-BF16");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1,
               "bf16x3_linear: x must be a float32 [M, K] tensor with unit column stride");
@@ -212,12 +261,15 @@ at::Tensor bf16x3_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
       for (int64_t mb = chunk * kRowBlocksPerPanel; mb < last; ++mb) {
         float* block = c + mb * kBlock * N + nb * kBlock;
         block_product(a_hi + mb * kBlock * K, a_lo + mb * kBlock * K, panel, K, block, N);
-        if (b != nullptr) {
-          const __m512 b0 = _mm512_loadu_ps(b + nb * kBlock), b1 = _mm512_loadu_ps(b + nb * kBlock + 16);
+        if (b != nullptr || act != Activation::kNone) {  // the block is still in L1
+          const float* bb = b == nullptr ? nullptr : b + nb * kBlock;
           for (int64_t r = 0; r < kBlock; ++r) {
-            float* row = block + r * N;
-            _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), b0));
-            _mm512_storeu_ps(row + 16, _mm512_add_ps(_mm512_loadu_ps(row + 16), b1));
+            for (int64_t half = 0; half < kBlock; half += 16) {
+              float* at = block + r * N + half;
+              __m512 v = _mm512_loadu_ps(at);
+              if (bb != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bb + half));
+              _mm512_storeu_ps(at, activate(act, v));
+            }
           }
         }
       }

@@ -69,10 +69,6 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
 at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
 at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
 
-// Float32 GEMMs as three bfloat16 products on AMX tiles (csrc/cpu/bf16x3.cpp: the split, its
-// error and the layout). bf16x3_supported(): built with AMX-BF16 and granted the tile state by
-// the kernel. pack_bf16x3_weight packs a float32 weight [N, K] (N, K multiples of 32) once;
-// bf16x3_linear returns x[M, K] · weight[N, K]ᵀ (+ bias[N]), float32 [M, N].
 // Bidirectional attention over an encoder's packed batch (csrc/cpu/encoder_attention.cpp):
 // out[T, H, D] = softmax(q kᵀ · scale) v within each sequence of qkv [T, 3, H, D] (rows
 // [3][H][D] contiguous), sequences bounded by query_start_loc [B + 1]; float32.
@@ -80,10 +76,16 @@ at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
 bool encoder_attention_supported(int64_t head_size);
 void encoder_attention(at::Tensor& out, const at::Tensor& qkv, const at::Tensor& query_start_loc,
                        double scale);
+
+// Float32 GEMMs as three bfloat16 products on AMX tiles (csrc/cpu/bf16x3.cpp: the split, its
+// error and the layout). bf16x3_supported(): built with AMX-BF16 and granted the tile state by
+// the kernel. pack_bf16x3_weight packs a float32 weight [N, K] (N, K multiples of 32) once;
+// bf16x3_linear returns act(x[M, K] · weight[N, K]ᵀ (+ bias[N])), float32 [M, N], act one of
+// none, gelu (erf), gelu_tanh, relu, applied while each block of the output is in L1.
 bool bf16x3_supported();
 at::Tensor pack_bf16x3_weight(const at::Tensor& weight);
 at::Tensor bf16x3_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                         const c10::optional<at::Tensor>& bias);
+                         const c10::optional<at::Tensor>& bias, const std::string& activation = "none");
 
 // The fused layer ops, with the contracts of their CUDA twins in csrc/cuda/ops.h:
 // rms_norm: out = weight * to_dtype(x * rsqrt(mean(x^2) + eps)), statistics in float32;

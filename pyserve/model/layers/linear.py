@@ -157,6 +157,20 @@ def apply_linear(x: torch.Tensor, layer: nn.Module, bias: torch.Tensor | None = 
     return F.linear(x, _native.unpack_linear_weight(packed, layer.out_features), bias)
 
 
+# the activations an epilogue may fuse (bf16x3_linear's names), as PyTorch computes them
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
+
+
+def apply_linear_activation(x: torch.Tensor, layer: nn.Module, activation: str) -> torch.Tensor:
+    """ACTIVATIONS[activation](layer(x)) for a single-rank layer; a layer packed for bfloat16x3
+    GEMMs applies it in the GEMM's epilogue, while each block of the output is in L1 (its erf
+    is PyTorch's vectorized formula, Abramowitz and Stegun 7.1.26: within 2e-6 of F.gelu)."""
+    bf16x3 = getattr(layer, "bf16x3_weight", None)
+    if bf16x3 is not None:
+        return _native.bf16x3_linear(x.contiguous(), bf16x3, layer.out_features, layer.bias, activation)
+    return ACTIVATIONS[activation](layer(x))
+
+
 def native_linear(layer: nn.Module):
     """The layer as the native decoder layers run it (_native.PackedLinear: apply_linear's
     rules, in csrc/cpu/decoder_layer.h), or None where pack_for_cpu did not pack it."""

@@ -16,7 +16,8 @@ from torch import nn
 from pyserve import _native
 from pyserve.errors import ModelLoadError
 from pyserve.model.layers.embedding import VocabParallelEmbedding
-from pyserve.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pyserve.model.layers.linear import (ColumnParallelLinear, RowParallelLinear,
+                                         apply_linear_activation)
 from pyserve.model.loader import fill_parameter
 
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel")
@@ -24,8 +25,8 @@ ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel")
 _MASKED_LM = {"BertForMaskedLM": "BertModel", "RobertaForMaskedLM": "RobertaModel",
               "XLMRobertaForMaskedLM": "XLMRobertaModel"}
 _MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
-# hidden_act -> F.gelu's approximate argument ("none": exact erf), or "relu"
-_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "relu": "relu"}
+# hidden_act -> our name of it (layers/linear.py's ACTIVATIONS)
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,7 @@ class BertLayer(nn.Module):
         qkv = self.qkv_proj(hidden).view(-1, 3, self.num_heads, self.head_dim)
         attn = packed_attention(qkv, query_start_loc).reshape(hidden.shape[0], -1)
         hidden = self.attn_norm(self.o_proj(attn) + hidden)
-        x = self.up_proj(hidden)  # [T, intermediate]
-        x = F.relu(x) if self.act == "relu" else F.gelu(x, approximate=self.act)
+        x = apply_linear_activation(hidden, self.up_proj, self.act)  # [T, intermediate]
         return self.mlp_norm(self.down_proj(x) + hidden)
 
 
