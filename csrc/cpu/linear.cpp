@@ -20,9 +20,12 @@
 //         in their low nibbles and at k = 16 + 4j .. 16 + 4j + 3 in their high; w = d·q + m.
 //         That is the operand order of AVX-512 VNNI's byte dot product (vpdpbusd), so the
 //         int8 path below reads the nibbles with two masks and no shuffles;
-//   Q8_0: per group d[32] (float16), then two halves of 16 columns, each 8 blocks of 64
-//         bytes: in block j, bytes 4c .. 4c + 3 hold column c's q (int8) at k = 4j .. 4j + 3,
-//         again vpdpbusd's order; w = d·q.
+//   Q8_0 under int8 activations: per group d[32] (float16), then two halves of 16 columns,
+//         each 8 blocks of 64 bytes: in block j, bytes 4c .. 4c + 3 hold column c's q (int8)
+//         at k = 4j .. 4j + 3, again vpdpbusd's order; w = d·q;
+//   Q8_0 under float32 activations: d[32], then the q [32 k][32 columns], k-major, so that
+//         one k's columns are consecutive bytes that one sign-extending load widens (4 uops
+//         a vector of weights where picking bytes out of vpdpbusd's order took 5).
 // Dequantized weights are computed exactly as the gguf package computes them (a product, then
 // a sum, each rounded to float32; the product d·q is exact, so one FMA rounds the same; this
 // file is compiled with -ffp-contract=off), so a Q4_1 layer gives bitwise the results of the
@@ -94,24 +97,35 @@ struct Q4_1Format {
   }
 };
 
-struct Q8_0Format {
+// Q8_0's blocks in a panel's group, each q placed by Layout::byte_of (the two layouts below)
+template <typename Layout>
+struct Q8_0Blocks {
   static constexpr bool kQuantized = true;
   static constexpr int64_t kSuperK = kGroup;
   static constexpr int64_t kBlockBytes = 34;  // GGUF: d (float16), 32 int8
   static constexpr int64_t kGroupBytes = 64 + kGroup * 32;
   static int64_t panel_bytes(int64_t K) { return K / kGroup * kGroupBytes; }
-  static int64_t byte_of(int64_t k, int64_t c) {
-    return 64 + (c / 16) * 512 + (k / 4) * 64 + (c % 16) * 4 + k % 4;
-  }
   static float at(const uint8_t* panel, int64_t k, int64_t c) {
     const uint8_t* g = panel + k / kGroup * kGroupBytes;
-    const int8_t q = static_cast<int8_t>(g[byte_of(k % kGroup, c)]);
+    const int8_t q = static_cast<int8_t>(g[Layout::byte_of(k % kGroup, c)]);
     return half_at(g + 2 * c) * static_cast<float>(q);
   }
   static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
     std::memcpy(g + 2 * c, block, 2);
-    for (int64_t j = 0; j < kGroup; ++j) g[byte_of(j, c)] = block[2 + j];
+    for (int64_t j = 0; j < kGroup; ++j) g[Layout::byte_of(j, c)] = block[2 + j];
   }
+};
+
+// vpdpbusd's order, for the int8 kernels (see the top of the file)
+struct Q8_0Format : Q8_0Blocks<Q8_0Format> {
+  static int64_t byte_of(int64_t k, int64_t c) {
+    return 64 + (c / 16) * 512 + (k / 4) * 64 + (c % 16) * 4 + k % 4;
+  }
+};
+
+// k-major, for the float32 kernels
+struct Q8_0FloatFormat : Q8_0Blocks<Q8_0FloatFormat> {
+  static int64_t byte_of(int64_t k, int64_t c) { return 64 + k * kPanel + c; }
 };
 
 using kquant::Q4_0Format;
@@ -218,6 +232,28 @@ struct GroupReader<Q8_0Format> {
       w[v] = mul(d[v], _mm256_cvtepi32_ps(_mm256_srai_epi32(up, 24)));
     }
 #endif
+  }
+};
+
+template <>
+struct GroupReader<Q8_0FloatFormat> {
+  vec d[kVecs];
+  const int8_t* q;
+  GroupReader(const uint8_t* group, int = 0) : q(reinterpret_cast<const int8_t*>(group + 64)) {
+    for (int v = 0; v < kVecs; ++v) d[v] = load(reinterpret_cast<const c10::Half*>(group) + v * kLanes);
+  }
+  template <int KK>
+  void row(vec* w) const {
+    for (int v = 0; v < kVecs; ++v) {
+      const int8_t* bytes = q + KK * kPanel + v * kLanes;
+#if PYSERVE_VEC == 16
+      const __m512i ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+      w[v] = mul(d[v], _mm512_cvtepi32_ps(ints));
+#else
+      const __m256i ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
+      w[v] = mul(d[v], _mm256_cvtepi32_ps(ints));
+#endif
+    }
   }
 };
 
@@ -1041,7 +1077,8 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
 // A packed weight's format. GGUF block panels stored as int8 (the bytes are the same) mark a
 // layer whose activations are quantized to int8 for integer dot products (pack_gguf_weight's
 // int8_activations), for the formats that have that kernel (has_int8_kernel).
-enum class Kind { kFloat32, kBFloat16, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
+// kQ8_0: Q8_0 in vpdpbusd's order (int8 activations); kQ8_0Float: k-major, for float32 ones.
+enum class Kind { kFloat32, kBFloat16, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ8_0Float, kQ4_K, kQ5_K, kQ6_K };
 
 // Calls fn.template operator()<Format>() for the packed weight's format.
 template <typename Fn>
@@ -1053,6 +1090,7 @@ void with_format(Kind kind, Fn&& fn) {
     case Kind::kQ4_1: fn.template operator()<Q4_1Format>(); break;
     case Kind::kQ5_0: fn.template operator()<Q5_0Format>(); break;
     case Kind::kQ8_0: fn.template operator()<Q8_0Format>(); break;
+    case Kind::kQ8_0Float: fn.template operator()<Q8_0FloatFormat>(); break;
     case Kind::kQ4_K: fn.template operator()<Q4_KFormat>(); break;
     case Kind::kQ5_K: fn.template operator()<Q5_KFormat>(); break;
     case Kind::kQ6_K: fn.template operator()<Q6_KFormat>(); break;
@@ -1067,7 +1105,7 @@ constexpr std::pair<const char*, Kind> kBlockTypes[] = {
 // the formats with an int8 kernel (cpu/ops.h): the nibble ones (with Q5_0's and Q5_K's
 // fifth bits), Q6_K and Q8_0: every quantized one
 template <typename Format>
-constexpr bool kHasInt8Kernel = Format::kQuantized;
+constexpr bool kHasInt8Kernel = Format::kQuantized && !std::is_same_v<Format, Q8_0FloatFormat>;
 bool has_int8_kernel(Kind kind) {
   bool has = false;
   with_format(kind, [&]<typename Format>() { has = kHasInt8Kernel<Format>; });
@@ -1086,7 +1124,9 @@ Kind kind_of(const at::Tensor& packed) {
       for (const auto& [name, kind] : kBlockTypes) {
         int64_t bytes = 0;
         with_format(kind, [&]<typename Format>() { bytes = Format::kGroupBytes; });
-        if (packed.size(2) == bytes && (packed.scalar_type() == at::kByte || has_int8_kernel(kind))) return kind;
+        if (packed.size(2) == bytes && (packed.scalar_type() == at::kByte || has_int8_kernel(kind)))
+          // a uint8 Q8_0 panel is the float32 kernels' k-major one (pack_gguf_weight)
+          return kind == Kind::kQ8_0 && packed.scalar_type() == at::kByte ? Kind::kQ8_0Float : kind;
       }
       break;
     default: break;
@@ -1176,12 +1216,14 @@ at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::stri
   TORCH_CHECK(named != std::end(kBlockTypes),
               "pack_gguf_weight: type must be Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K, got ", type);
   const at::Tensor b = blocks.contiguous();
+  const bool int8 = int8_activations && has_int8_kernel(named->second);
+  // Q8_0 for float32 activations takes its k-major layout (kind_of tells it by the uint8)
+  const Kind kind = named->second == Kind::kQ8_0 && !int8 ? Kind::kQ8_0Float : named->second;
   at::Tensor packed;
-  with_format(named->second, [&]<typename Format>() {
+  with_format(kind, [&]<typename Format>() {
     if constexpr (Format::kQuantized) packed = pack_blocks<Format>(b, K, type);
   });
-  if (int8_activations && has_int8_kernel(named->second)) packed = packed.view(at::kChar);
-  return packed;
+  return int8 ? packed.view(at::kChar) : packed;
 }
 
 at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids) {

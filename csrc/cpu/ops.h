@@ -58,7 +58,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 // AVX-512 VNNI): 2 to 3 times the float32 path's speed for SmolLM2's layers at 1 to 2,048
 // rows with VNNI, about 2 times with AVX2 (benchmarks/linear.py), at the cost of bitwise
 // equality with the float32 model. The packed weight comes back as int8
-// to say so, and is otherwise the same. Only the types with that kernel (Q4_0, Q4_1, Q5_0,
+// to say so, and is otherwise the same (Q8_0's bytes in vpdpbusd's order, where its float32
+// panels are k-major). Only the types with that kernel (Q4_0, Q4_1, Q5_0,
 // Q8_0, Q4_K, Q5_K) are marked; Q6_K comes back as uint8 and stays exact.
 at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor pack_gguf_weight(const at::Tensor& blocks, int64_t K, const std::string& type,
