@@ -80,13 +80,16 @@ def decode_bandwidth(repeats: int) -> None:
         return (time.perf_counter() - start) / (repeats * 4)
 
     for kind in GGUF_BLOCKS:
-        # packed for int8 where the extension can: the types with that kernel come back marked
-        # int8, the same bytes as their float32-activation panels (pack_gguf_weight)
-        layers = [[_native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind,
-                                            int8_activations=_native.int8_dot_supported())
-                   for n, k in DECODE_SHAPES] for _ in range(DECODE_LAYERS)]
-        total = sum(w.numel() for ws in layers for w in ws)
-        seconds = seconds_per_pass([[w.view(torch.uint8) for w in ws] for ws in layers])
+        # each layer packed for float32 activations and, where the extension can, for int8
+        # ones (the types with that kernel come back marked int8; Q8_0's bytes are ordered for
+        # each kernel, so the two are packed apart)
+        blocks = [[(_random_blocks(kind, n, k, rng), n, k) for n, k in DECODE_SHAPES]
+                  for _ in range(DECODE_LAYERS)]
+        floats = [[_native.pack_gguf_weight(b, k, kind) for b, n, k in bs] for bs in blocks]
+        layers = [[_native.pack_gguf_weight(b, k, kind, int8_activations=_native.int8_dot_supported())
+                   for b, n, k in bs] for bs in blocks]
+        total = sum(w.numel() for ws in floats for w in ws)
+        seconds = seconds_per_pass(floats)
         bits = total * 8 / (sum(n * k for n, k in DECODE_SHAPES) * DECODE_LAYERS)
         line = (f"  {kind:5} {bits:5.2f} bits/weight  {total / 1e6:6.1f} MB  {seconds * 1e3:7.2f} ms "
                 f"{total / seconds / 1e9:6.1f} GB/s")

@@ -5,7 +5,14 @@
 // the dropped lo_a · lo_w and the splits' remainders leaving a relative error of a few 1e-6
 // (float32's own GEMMs: a few 1e-7). Accumulation is float32 in the tiles. On two Sapphire
 // Rapids-class cores this ran 830-900 GFLOP/s of float32 work from 256 rows (MKL's float32
-// GEMM: 320-390; our packed float32 panels: 300-370), and beat both from 32 rows.
+// GEMM: 320-390; our packed float32 panels: 300-370), and beat both from 32 rows (at 16 rows
+// in three of MiniLM's four shapes: 384-413 against 268-281 GFLOP/s; 384 x 384: 199 against
+// 249). Rows are padded to 32 with zeros, so a step of a few rows pays for 32.
+//
+// Not IEEE in one corner: an infinite operand (or a finite one that rounds to infinity in
+// bfloat16, |a| > 3.39e38) gives NaN where a float32 GEMM gives ±inf (its lo is inf - inf,
+// and inf · 0 is NaN in the tiles); a model whose hidden states overflow float32 is broken
+// either way.
 //
 // Layout of a packed weight [N, K] (N and K multiples of 32): for each block of 32 output
 // columns, for each block of 32 k, four AMX B tiles of 16 k-pairs × 16 columns × 2 (the

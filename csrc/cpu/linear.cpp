@@ -1074,9 +1074,10 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
 }
 
 
-// A packed weight's format. GGUF block panels stored as int8 (the bytes are the same) mark a
-// layer whose activations are quantized to int8 for integer dot products (pack_gguf_weight's
-// int8_activations), for the formats that have that kernel (has_int8_kernel).
+// A packed weight's format. GGUF block panels stored as int8 mark a layer whose activations
+// are quantized to int8 for integer dot products (pack_gguf_weight's int8_activations), for
+// the formats that have that kernel (has_int8_kernel); their bytes are those of the uint8
+// panels but for Q8_0's, in vpdpbusd's order where the float32 kernels' are k-major.
 // kQ8_0: Q8_0 in vpdpbusd's order (int8 activations); kQ8_0Float: k-major, for float32 ones.
 enum class Kind { kFloat32, kBFloat16, kQ4_0, kQ4_1, kQ5_0, kQ8_0, kQ8_0Float, kQ4_K, kQ5_K, kQ6_K };
 
@@ -1103,7 +1104,7 @@ constexpr std::pair<const char*, Kind> kBlockTypes[] = {
     {"Q4_K", Kind::kQ4_K}, {"Q5_K", Kind::kQ5_K}, {"Q6_K", Kind::kQ6_K}};
 
 // the formats with an int8 kernel (cpu/ops.h): the nibble ones (with Q5_0's and Q5_K's
-// fifth bits), Q6_K and Q8_0: every quantized one
+// fifth bits), Q6_K and Q8_0 (in vpdpbusd's order): every quantized one but the k-major Q8_0
 template <typename Format>
 constexpr bool kHasInt8Kernel = Format::kQuantized && !std::is_same_v<Format, Q8_0FloatFormat>;
 bool has_int8_kernel(Kind kind) {

@@ -143,12 +143,27 @@ def _assert_each_sequence_alone(qkv, lens, out):
 @pytest.mark.parametrize("lens", [[1], [5, 17, 1, 33], [300, 2], [64] * 9])
 def test_native_encoder_attention(head_size, lens):
     """Our kernel (every head size a multiple of the build's vector width) against each
-    sequence alone: lengths off and on whole vectors, rows in and out of its row groups."""
+    sequence alone: lengths off and on whole vectors, rows in and out of its row groups, and
+    a sequence longer than packed_attention gives it (called directly)."""
     if not _native.encoder_attention_supported(head_size):
         pytest.skip(f"this build has no vector path for head size {head_size}")
     torch.manual_seed(head_size)
     qkv = torch.randn(sum(lens), 3, 3, head_size)
+    out = torch.empty(sum(lens), 3, head_size)
+    _native.encoder_attention(out, qkv, packed([[0] * n for n in lens])[2], head_size ** -0.5)
+    _assert_each_sequence_alone(qkv, lens, out)
+
+
+@pytest.mark.parametrize("lens,native", [([5, 128, 40], True), ([5, 129, 40], False)])
+def test_packed_attention_takes_our_kernel_up_to_its_length(monkeypatch, lens, native):
+    if not _native.encoder_attention_supported(32):
+        pytest.skip("this build has no vector path")
+    calls = []
+    kernel = _native.encoder_attention
+    monkeypatch.setattr(_native, "encoder_attention", lambda *a: calls.append(1) or kernel(*a))
+    qkv = torch.randn(sum(lens), 3, 2, 32)
     out = bert.packed_attention(qkv, packed([[0] * n for n in lens])[2])
+    assert bool(calls) == native
     _assert_each_sequence_alone(qkv, lens, out)
 
 
@@ -259,13 +274,14 @@ def test_encoder_matmul_precision_chooses_the_gemms(model_dirs, tiny_model_facto
 
     path = str(model_dirs["bert"])
     amx = _native.bf16x3_supported()
-    assert resolve(Config.from_flat(model=path)).shard.bf16x3 == amx
-    assert not resolve(Config.from_flat(model=path, encoder_matmul_precision="highest")).shard.bf16x3
-    assert not resolve(Config.from_flat(model=str(tiny_model_factory("llama")))).shard.bf16x3
+    assert resolve(Config.from_flat(model=path, device="cpu")).shard.bf16x3 == amx
+    assert not resolve(Config.from_flat(model=path, device="cpu",
+                                        encoder_matmul_precision="highest")).shard.bf16x3
+    assert not resolve(Config.from_flat(model=str(tiny_model_factory("llama")), device="cpu")).shard.bf16x3
     texts = TEXTS + [LONG_TEXT]
     runs = {}
     for precision in ("high", "highest"):
-        llm = LLM(path, encoder_matmul_precision=precision)
+        llm = LLM(path, device="cpu", encoder_matmul_precision=precision)
         linears = [m for m in llm.engine.executor.runner.model.modules()
                    if isinstance(m, ColumnParallelLinear)]
         assert linears and all((m.bf16x3_weight is not None) == (amx and precision == "high")

@@ -93,11 +93,11 @@ def pack_for_cpu(layer: nn.Module, int8_activations: bool = False,
     weight besides the packed form) for steps of bf16_gemm.min_rows rows or more, unless its
     packed kernel is the faster at every row count.
     bf16x3: a float32 weight whose sides are multiples of 32 is packed for bfloat16x3 GEMMs on
-    AMX instead (bf16x3_weight), which run every step of the layer: from 16 rows on they
-    outran both the packed kernel and BLAS (csrc/cpu/bf16x3.cpp; 16 rows of 384 x 384 did not:
-    199 against 249 GFLOP/s, a corner an encoder's steps rarely sit in)."""
+    AMX instead (bf16x3_weight), where this CPU has them, which then run every step of the
+    layer: from 32 rows on they outran both the packed kernel and BLAS, at 16 rows in three of
+    MiniLM's four shapes (csrc/cpu/bf16x3.cpp); an encoder's steps are its whole inputs."""
     weight = layer.weight.data
-    if (bf16x3 and layer.gguf is None and weight.dtype == torch.float32
+    if (bf16x3 and _native.bf16x3_supported() and layer.gguf is None and weight.dtype == torch.float32
             and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0):
         layer.bf16x3_weight = _native.pack_bf16x3_weight(weight)
         layer.out_features = weight.shape[0]
