@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 PEERS_DIR = Path(os.environ.get("PYSERVE_PEERS_DIR", Path.home() / ".cache/pyserve/peers"))
 LLAMA_SERVER = PEERS_DIR / "llama.cpp/build/bin/llama-server"
@@ -60,10 +62,16 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
     vllm = [str(VLLM_PYTHON), str(REPO / "benchmarks/peers/vllm_launcher.py"), "serve",
             str(model_dir), "--dtype", "float32", "--host", "127.0.0.1"]
 
+    # llama.cpp's AMX matmul (an extra weight buffer, which its weight repacking turns on)
+    # crashed in its first batch on a Granite Rapids-class machine (2026-12-05: SIGSEGV in
+    # ggml_backend_amx_mul_mat, the build of install_llamacpp.sh); without it, its AVX-512
+    # kernels run, as on any CPU without AMX
+    no_amx = ["--no-repack"] if torch.cpu._is_amx_tile_supported() else []
+
     def llama(gguf: Path) -> Callable[[int], list[str]]:
         return lambda port: [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1",
                              "--port", str(port), "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CTX),
-                             "-t", str(llama_threads)]
+                             "-t", str(llama_threads)] + no_amx
 
     q4 = GGUF_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
     pyserve_q4 = pyserve[:pyserve.index("--model") + 1] + [str(q4)] + pyserve[pyserve.index("--model") + 2:]
