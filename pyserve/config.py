@@ -159,6 +159,9 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     log_stats_interval: float = 10.0  # seconds between engine summary lines; 0: never
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    # vLLM's --async-scheduling: the next decode step planned while one runs (the async
+    # engine, engine/step_chain.py); None: on where it can run, False: off
+    async_scheduling: bool | None = None
     # test-only: the model step (1-based) that raises an injected fault; set only from the
     # environment ($PYSERVE_TEST_FAULT_STEP, read by the CLI), never by a flag. None: off
     test_fault_step: int | None = None

@@ -176,8 +176,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "prefix needs"),
     ForeignFlag(("--disable-fastapi-docs",), "serves no /docs or /redoc; its /openapi.json "
                 "(behind the API key) stays", action="switch"),
-    ForeignFlag(("--async-scheduling",), "schedules each step once the last one's outputs are "
-                "in, which changes no output", action="switch"),
     ForeignFlag(("--max-cudagraph-capture-size",), "captures the decode sizes of "
                 "--cuda-graph-sizes", type=int),
     ForeignFlag(("--prefix-caching-hash-algo",), "hashes prefix-cache blocks its own way"),

@@ -132,7 +132,6 @@ FOREIGN_EXAMPLES = [
     (["--hf-overrides", "{}"], "refused"),
     (["--enable-sleep-mode"], "refused"),
     (["--middleware", "x.y"], "refused"),
-    (["--async-scheduling"], "warned"),
     (["--structured-outputs-config", '{"backend": "xgrammar"}'], "honoured"),
     (["--structured-outputs-config", '{"backend": "auto", "disable_fallback": true}'], "honoured"),
     (["--structured-outputs-config", '{"backend": "outlines"}'], "refused"),
@@ -244,6 +243,7 @@ def test_every_switch_takes_its_no_form():
                        environ={})
     assert args.config.device.enforce_eager is False and args.warnings == ()
     assert args.config.cache.enable_prefix_caching is False
+    assert args.config.scheduler.async_scheduling is False
 
 
 def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):

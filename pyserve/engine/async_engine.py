@@ -26,6 +26,7 @@ from pyserve.engine import beam_driver
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
+from pyserve.engine.step_chain import StepChain
 from pyserve.executor.threads import run_parallel_regions_serially, serial_thread_pool  # noqa: F401 (the server's)
 from pyserve.pooling_params import ModelPooler, PoolingParams
 from pyserve.structured.compiler import GrammarError
@@ -60,6 +61,7 @@ class AsyncEngine:
         self.died = asyncio.Event()  # set once the engine can never step again
         self._completion: StepCompletion | None = None  # CUDA: made on the first step
         self._grammar_thread: ThreadPoolExecutor | None = None  # made on the first grammar
+        self._chain: StepChain | None = None  # async scheduling (CPU), made by start()
 
     @classmethod
     def from_config(cls, config, model_thread: ThreadPoolExecutor) -> "AsyncEngine":
@@ -171,6 +173,9 @@ class AsyncEngine:
     def start(self) -> None:
         if self._task is None and self.dead_reason is None:
             loop = asyncio.get_running_loop()
+            if self.core.async_scheduling:
+                # looked up per step: the core's run may be replaced (fault tests)
+                self._chain = StepChain(loop, self._model_thread, lambda prepared: self.core.run(prepared))
             self._task = loop.create_task(self._step_loop(), name="pyserve-steps")
             self.core.on_executor_failure(
                 lambda reason: loop.call_soon_threadsafe(self._engine_died, reason))
@@ -217,6 +222,7 @@ class AsyncEngine:
             return self.beam_search(prompt_token_ids, params, request_id, prompt, priority)
         self._check_alive()
         self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
+        self._withdraw_offer()
         return self._open_stream(request_id)
 
     def add_pooling_request(self, prompt_token_ids: list[int], params: PoolingParams,
@@ -226,7 +232,14 @@ class AsyncEngine:
         is the result."""
         self._check_alive()
         self.core.add_pooling_request(request_id, prompt_token_ids, params, prompt, priority)
+        self._withdraw_offer()
         return self._open_stream(request_id)
+
+    def _withdraw_offer(self) -> None:
+        """A request arrived: its prefill joins the next step, not the one after a continuation
+        offered before it came."""
+        if self._chain is not None:
+            self._chain.withdraw()
 
     def beam_search(self, prompt_token_ids: list[int], params: BeamSearchParams, request_id: str,
                     prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -298,21 +311,33 @@ class AsyncEngine:
 
     async def _step_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        chained = None  # (step, prepared, future): the offered step the model thread went on to run
         while True:
-            if not self.core.has_unfinished():
-                self._has_work.clear()
-                await self._has_work.wait()
-                continue
             t0 = time.perf_counter()
             step = None
             try:
-                begun = self.core.begin_step()
-                if begun is None:  # nothing fits this instant; let aborts and arrivals happen
-                    await asyncio.sleep(0)
-                    continue
-                step, prepared = begun
+                if chained is not None:
+                    (step, prepared, future), chained = chained, None
+                    self.core.on_continued(step)
+                else:
+                    if not self.core.has_unfinished():
+                        self._has_work.clear()
+                        await self._has_work.wait()
+                        continue
+                    begun = self.core.begin_step()
+                    if begun is None:  # nothing fits this instant; let aborts and arrivals happen
+                        await asyncio.sleep(0)
+                        continue
+                    step, prepared = begun
+                    future = self._launch(loop, prepared)
+                if self._chain is not None:
+                    self._offer_next(step, prepared)
                 t1 = time.perf_counter()
-                result = await self._run_step(loop, prepared)
+                try:
+                    result = await future
+                finally:
+                    if self._chain is not None:
+                        chained = self._chain.claim()
                 t2 = time.perf_counter()
                 outputs = self.core.update(step, result)
             except Exception as exc:  # a failed step fails its requests, not the server
@@ -333,9 +358,28 @@ class AsyncEngine:
             self._maybe_log_stats()
             await asyncio.sleep(0)  # let the loop breathe between steps
 
-    async def _run_step(self, loop: asyncio.AbstractEventLoop, prepared):
+    def _launch(self, loop: asyncio.AbstractEventLoop, prepared) -> asyncio.Future:
+        """Starts a step on the model thread (CUDA: queues it) -> the future of its results."""
+        if self._chain is not None:
+            return self._chain.start(prepared)
         if not self.core.launches_async:
-            return await loop.run_in_executor(self._model_thread, self.core.run, prepared)
+            return loop.run_in_executor(self._model_thread, self.core.run, prepared)
+        return loop.create_task(self._run_launched(loop, prepared))
+
+    def _offer_next(self, step, prepared) -> None:
+        """Async scheduling: offers the model thread the step after `step` (running now, from
+        `prepared`), where it is known now (engine/continuation.py)."""
+        continuation = self.core.plan_continuation(step)
+        if continuation is None:
+            return
+        try:
+            prepared = self.core.prepare_continuation(prepared, continuation.step)
+        except Exception:  # the step after is then scheduled as usual; its slots stay allocated
+            logger.exception("preparing the next step ahead failed")
+            return
+        self._chain.offer(continuation.step, prepared, continuation.rows)
+
+    async def _run_launched(self, loop: asyncio.AbstractEventLoop, prepared):
         if self._completion is None:
             self._completion = StepCompletion(loop)
         done = self._completion.arm()

@@ -22,6 +22,7 @@ import torch
 from pyserve.config import Config
 from pyserve.engine.admission import Admission, Limits, admit_pooling
 from pyserve.engine.books import engine_books
+from pyserve.engine.continuation import Continuation, plan_continuation
 from pyserve.engine.faults import StepFault
 from pyserve.engine.generation_defaults import load_generation_defaults
 from pyserve.engine.output import RequestOutput
@@ -121,10 +122,29 @@ class EngineCore:
                 self.tokenizer, config.server.reasoning_parser))
         self.stats = EngineStats(self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.stats)
+        self.async_scheduling = self._resolve_async_scheduling()
         fault_step = config.scheduler.test_fault_step
         self.fault = None if fault_step is None else StepFault(fault_step)  # tests only
         if self.fault is not None:
             logger.warning("test fault injection is on: model step %d will fail", fault_step)
+
+    def _resolve_async_scheduling(self) -> bool:
+        """--async-scheduling (default: on where it can run): the model thread goes from a
+        decode step straight into the next (engine/step_chain.py). It runs where steps run
+        synchronously in this process (the CPU, one rank) without speculative decoding."""
+        asked = self.config.scheduler.async_scheduling
+        why_not = None
+        if self.executor.launches_async:
+            why_not = "CUDA steps are queued on a stream and awaited without a blocked thread"
+        elif not self.executor.chains_steps:
+            why_not = f"the {self.executor.description} executor runs each step as scheduled"
+        elif self.config.scheduler.speculative_config is not None:
+            why_not = "speculative decoding proposes each step's drafts from the last one's tokens"
+        if why_not is not None:
+            if asked:
+                logger.warning("--async-scheduling is off: %s", why_not)
+            return False
+        return asked is not False
 
     @property
     def num_kv_blocks(self) -> int:
@@ -256,6 +276,23 @@ class EngineCore:
 
     def finish(self, launched) -> ModelRunnerOutput:
         return self.executor.finish(launched)
+
+    def plan_continuation(self, step: SchedulerOutput) -> Continuation | None:
+        """Async scheduling: the step after `step` (running now), where it is known before
+        step's tokens are (engine/continuation.py)."""
+        return plan_continuation(step, self.requests, self.scheduler, self.max_model_len)
+
+    def prepare_continuation(self, previous, step: SchedulerOutput):
+        """The continuation's batch, built from the running step's where it can be."""
+        return self.executor.prepare_continuation(previous, step)
+
+    def on_continued(self, step: SchedulerOutput) -> None:
+        """A continuation the model thread went on to run is this engine's next step."""
+        t = now()
+        for seq in step.sequences:
+            request = self.requests.child(seq.request_id)
+            if request is not None:
+                self.stats.on_scheduled(request, t)
 
     def begin_step(self):
         """(the step, its prepared batch), or None when nothing can run this instant."""

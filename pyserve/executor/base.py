@@ -36,6 +36,10 @@ class Executor:
     def rank_pids(self) -> list[int]:
         raise NotImplementedError
 
+    # async scheduling on the CPU (engine/step_chain.py): execute() may be handed a batch
+    # prepared before its tokens were sampled, which fill_tokens completed just before
+    chains_steps = False
+
     @property
     def launches_async(self) -> bool:
         """CUDA: steps can be queued (launch) and awaited without a blocked thread (finish)."""
@@ -59,6 +63,11 @@ class Executor:
 
     def prepare(self, step: SchedulerOutput) -> PreparedBatch:
         return self.runner.prepare(step)
+
+    def prepare_continuation(self, previous: PreparedBatch, step: SchedulerOutput) -> PreparedBatch:
+        """Async scheduling: the step after `previous` (running now), built from it where it
+        can be (ModelRunner.prepare_continuation)."""
+        return self.runner.prepare_continuation(previous, step)
 
     def execute(self, batch: PreparedBatch) -> ModelRunnerOutput:
         self._check_alive()

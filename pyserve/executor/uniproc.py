@@ -11,6 +11,7 @@ from pyserve.model.layers.parallel import SINGLE
 
 class UniprocExecutor(Executor):
     description = "single process"
+    chains_steps = True
 
     def __init__(self, spec: ShardSpec):
         self.runner = build_model_runner(spec, SINGLE)
