@@ -236,7 +236,7 @@ def _scheduler_flags(g) -> None:
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="plan each decode step while the last one runs, so that the model "
                    "thread goes from one straight into the next (CPU, one rank, no speculative "
-                   "decoding; changes no output); default: on where it can run")
+                   "decoding; greedy and seeded outputs unchanged); default: on where it can run")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine summary log lines while busy (0: off)")
     g.add_argument("--disable-log-stats", action="store_true",

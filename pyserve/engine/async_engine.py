@@ -236,8 +236,8 @@ class AsyncEngine:
         return self._open_stream(request_id)
 
     def _withdraw_offer(self) -> None:
-        """A request arrived: its prefill joins the next step, not the one after a continuation
-        offered before it came."""
+        """A request arrived (its prefill joins the next step, not the one after a
+        continuation offered before it came) or was aborted (it gets no row after its last)."""
         if self._chain is not None:
             self._chain.withdraw()
 
@@ -304,6 +304,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self.core.abort(request_id)
+        self._withdraw_offer()  # not one more row for it
         queue = self._streams.get(request_id)
         if queue is not None:  # end the stream with an "abort" finish
             queue.put_nowait(RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], "abort")],
@@ -369,13 +370,13 @@ class AsyncEngine:
     def _offer_next(self, step, prepared) -> None:
         """Async scheduling: offers the model thread the step after `step` (running now, from
         `prepared`), where it is known now (engine/continuation.py)."""
-        continuation = self.core.plan_continuation(step)
-        if continuation is None:
-            return
         try:
+            continuation = self.core.plan_continuation(step)
+            if continuation is None:
+                return
             prepared = self.core.prepare_continuation(prepared, continuation.step)
         except Exception:  # the step after is then scheduled as usual; its slots stay allocated
-            logger.exception("preparing the next step ahead failed")
+            logger.exception("planning the next step ahead failed")
             return
         self._chain.offer(continuation.step, prepared, continuation.rows)
 

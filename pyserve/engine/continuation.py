@@ -12,13 +12,24 @@ the step the scheduler would schedule next for those sequences:
     sampled);
   - nothing waits to be admitted (a waiting request's prefill would join the next step), and
     every running request is in the running step (the next one would take them all);
-  - every sequence's next slot fits in its blocks or in the free pool, and the step's budget.
+  - every sequence's next slot fits in its blocks or in the free pool.
+
+So under a queue (requests waiting, even ones that cannot be admitted yet) steps are scheduled
+as usual; the chain runs over stretches of decoding.
 
 A sequence whose token ends its request (max_tokens, the model length) gets no row. One that
 ends for another reason (a stop, an abort) while the continuation runs has its row computed
-and dropped by update(), which skips finished requests: its K/V land in a block freed during
-the step, which nothing can reuse before the step ends (only the loop schedules, after it),
-and which holds no prefix-cache entry (its last position was never computed)."""
+and dropped by update(), which skips finished requests. That row's K/V land in a block freed
+meanwhile, which the next plan may give to another request S. This is safe:
+  - the model thread runs steps one after another, so S's first write to the block (in the
+    step after) comes after the stray one;
+  - a sequence writes each slot before it reads it, and a block handed out by allocate_slots
+    is never a prefix-cache hit (only admission looks those up); the stray row's block itself
+    holds no cache entry, its last position never having been computed.
+
+Greedy and seeded requests get exactly the tokens plain scheduling gives them. An unseeded
+sampled request draws from the runner's shared generator, which a dropped row also draws
+from: under a fixed --seed its tokens may differ (they are as random)."""
 
 from __future__ import annotations
 
@@ -35,7 +46,7 @@ class Continuation:
     rows: list[int]
 
 
-def _continued(request, seq: ScheduledSequence) -> bool:
+def _continued(request, seq: ScheduledSequence, requests) -> bool:
     """The running step's sequence yields the token its (running) request computes next, and
     nothing about that computation depends on the token."""
     if (seq.sampling is None or seq.draft_token_ids or seq.prompt_logprobs is not None
@@ -43,6 +54,8 @@ def _continued(request, seq: ScheduledSequence) -> bool:
         return False
     return (request.matcher is None and request.pooling is None
             and not request.params.penalized
+            # n > 1: siblings staged behind the first completion join when it has sampled
+            and not requests.group_of(request).pending
             # the scheduler's view is the step's: its tokens are the request's last known ones
             and request.num_computed_tokens == seq.start
             and request.num_tokens == seq.start + len(seq.token_ids))
@@ -64,7 +77,7 @@ def plan_continuation(step: SchedulerOutput, requests, scheduler, max_model_len:
             if seq.sampling is None:
                 return None
             continue  # it ended (or was aborted) while the step ran: no row after it
-        if not _continued(request, seq):
+        if not _continued(request, seq, requests):
             return None
         running += 1
         next_position = seq.start + len(seq.token_ids)
@@ -74,8 +87,7 @@ def plan_continuation(step: SchedulerOutput, requests, scheduler, max_model_len:
         plan.append((request, seq, row, next_position))
     # the scheduler runs every running request each step (their decodes fit the budget): one
     # the running step left out (a budget spent on prompts) must not be left out again
-    if (not plan or running != len(scheduler.running)
-            or len(plan) > scheduler.config.max_num_batched_tokens):
+    if not plan or running != len(scheduler.running):
         return None
     sequences, rows = [], []
     for request, seq, row, position in plan:

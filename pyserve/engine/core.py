@@ -134,8 +134,9 @@ class EngineCore:
         synchronously in this process (the CPU, one rank) without speculative decoding."""
         asked = self.config.scheduler.async_scheduling
         why_not = None
-        if self.executor.launches_async:
-            why_not = "CUDA steps are queued on a stream and awaited without a blocked thread"
+        if self.device.type != "cpu":
+            why_not = ("it runs on the CPU only (CUDA steps are queued on a stream and awaited "
+                       "without a blocked thread)")
         elif not self.executor.chains_steps:
             why_not = f"the {self.executor.description} executor runs each step as scheduled"
         elif self.config.scheduler.speculative_config is not None:

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 import uvloop
 
 from pyserve import SamplingParams
@@ -114,6 +115,57 @@ def test_aborts_while_chained_leave_no_blocks_and_the_engine_serves_on(model_dir
     from pyserve import LLM
     alone = LLM(str(model_dir), kv_cache_memory="16MiB", async_scheduling=False)
     assert ids == alone.generate(PROMPTS[2], reference)[0].outputs[0].token_ids
+
+
+def _same_tensor(a, b):
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def test_continued_batches_equal_batches_prepared_from_scratch(model_dir):
+    """prepare_continuation builds the next batch from the running one: across a new block
+    (the table grows) and where min_tokens stops banning EOS (the bias changes), it must equal
+    what prepare() builds from the same step, in every entry the step reads."""
+    core = EngineCore(Config.from_flat(model=str(model_dir), kv_cache_memory="16MiB", block_size=16))
+    tok = core.tokenizer
+    prompt = tok.encode(PROMPTS[4])[:14]
+    core.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=12, min_tokens=3,
+                                                 logit_bias={5: 2.0}, logprobs=1))
+    core.add_request("b", prompt[:9], SamplingParams(temperature=0.8, seed=5, max_tokens=12))
+    step, prepared = core.begin_step()
+    grew, rebuilt = 0, []
+    for i in range(8):
+        plan = core.plan_continuation(step)
+        assert plan is not None and plan.rows == [0, 1]
+        fast = core.prepare_continuation(prepared, plan.step)
+        full = core.prepare(plan.step)
+        a, b = fast.inputs, full.inputs
+        assert torch.equal(a.positions, b.positions) and torch.equal(a.logits_rows, b.logits_rows)
+        assert torch.equal(a.meta.slot_mapping, b.meta.slot_mapping)
+        assert torch.equal(a.meta.seq_lens, b.meta.seq_lens)
+        assert torch.equal(a.meta.query_start_loc, b.meta.query_start_loc)
+        for row, seq in enumerate(plan.step.sequences):  # the entries up to the row's position
+            used = seq.start // 16 + 1
+            assert torch.equal(a.meta.block_tables[row, :used], b.meta.block_tables[row, :used])
+        grew += any(seq.start % 16 == 0 for seq in plan.step.sequences)
+        m, n = fast.sampling, full.sampling
+        assert fast.num_sampled == full.num_sampled == 2
+        assert torch.equal(m.temperature, n.temperature) and torch.equal(m.greedy, n.greedy)
+        assert m.all_greedy == n.all_greedy and m.max_num_logprobs == n.max_num_logprobs
+        assert _same_tensor(m.top_p, n.top_p) and _same_tensor(m.top_k, n.top_k)
+        assert (m.bias is None) == (n.bias is None)
+        if m.bias is not None:
+            assert all(torch.equal(x, y) for x, y in zip(m.bias, n.bias))
+        assert m.generators == n.generators
+        if m is not prepared.sampling:
+            rebuilt.append(i)
+        result = core.run(prepared)
+        fast.fill_tokens([result.sampled.token_ids[r] for r in plan.rows])
+        core.update(step, result)
+        step, prepared = plan.step, fast
+    assert grew >= 1
+    # from scratch after the prompts' step; rebuilt where "a" reaches min_tokens (its third
+    # output token is sampled in the third continuation); reused in every other
+    assert rebuilt == [0, 2]
 
 
 def test_no_continuation_where_the_next_step_is_not_known(model_dir):
