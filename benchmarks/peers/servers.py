@@ -91,6 +91,11 @@ def server_specs(model_dir: Path, llama_threads: int = DEFAULT_LLAMA_THREADS,
                    "what the float32 row computes",
                    lambda port: pyserve_q4 + ["--port", str(port)],
                    needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint, weights=q4),
+        ServerSpec("pyserve-q4-sync", "pyserve-q4 with --no-async-scheduling: each step "
+                   "scheduled once the last one's results are in (the comparison row for async "
+                   "scheduling, which pyserve-q4 has)",
+                   lambda port: pyserve_q4 + ["--port", str(port), "--no-async-scheduling"],
+                   needs=(REPO / ".venv/bin/python", q4), install_hint=llama_hint, weights=q4),
         ServerSpec("pyserve-q4-int8", "pyserve-q4 with --gguf-activations int8: Q4_1 layers "
                    "quantize their inputs to int8 for integer dot products, as llama.cpp does "
                    "(not bitwise; benchmarks/int8_accuracy.py measures how close)",

@@ -13,6 +13,7 @@ import uvloop
 from pyserve import SamplingParams
 from pyserve.config import Config
 from pyserve.engine.async_engine import AsyncEngine
+from pyserve.engine.continuation import MAX_CONTINUED_SEQUENCES
 from pyserve.engine.core import EngineCore
 from pyserve.engine.step_chain import StepChain
 from pyserve.sampling_params import RequestOutputKind
@@ -198,6 +199,12 @@ def test_no_continuation_where_the_next_step_is_not_known(model_dir):
     core4.add_request("last", tok.encode(PROMPTS[0]), SamplingParams(temperature=0.0, max_tokens=1))
     step4, _ = core4.begin_step()
     assert core4.plan_continuation(step4) is None  # its one token ends it
+    core5 = EngineCore(Config.from_flat(model=str(model_dir), kv_cache_memory="16MiB"))
+    for i in range(MAX_CONTINUED_SEQUENCES + 1):
+        core5.add_request(f"many{i}", tok.encode(PROMPTS[i]), SamplingParams(temperature=0.0, max_tokens=8))
+    step5, _ = core5.begin_step()
+    assert len(step5.sequences) == MAX_CONTINUED_SEQUENCES + 1
+    assert core5.plan_continuation(step5) is None  # a large step: scheduled as usual
 
 
 def test_a_withdrawn_or_late_offer_is_not_run():
