@@ -234,9 +234,10 @@ def _scheduler_flags(g) -> None:
                    "throughput), 2048 on CUDA")
     g.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="plan each small decode step (up to 4 sequences) while the last one runs, so that the model "
-                   "thread goes from one straight into the next (CPU, one rank, no speculative "
-                   "decoding; greedy and seeded outputs unchanged); default: on where it can run")
+                   help="plan each small decode step (up to 4 sequences) while the last one "
+                   "runs, so that the model thread goes from one straight into the next (CPU, one "
+                   "rank, no speculative decoding; greedy and seeded outputs unchanged); default: "
+                   "on where it can run")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between engine summary log lines while busy (0: off)")
     g.add_argument("--disable-log-stats", action="store_true",

@@ -178,7 +178,8 @@ def test_no_continuation_where_the_next_step_is_not_known(model_dir):
     core.add_request("plain", tok.encode(PROMPTS[0]), SamplingParams(temperature=0.0, max_tokens=8))
     step, _ = core.begin_step()  # the whole prompt, sampled
     plan = core.plan_continuation(step)
-    assert plan is not None and [s.start for s in plan.step.sequences] == [step.sequences[0].start + len(step.sequences[0].token_ids)]
+    first = step.sequences[0]
+    assert plan is not None and [s.start for s in plan.step.sequences] == [first.start + len(first.token_ids)]
     assert plan.rows == [0]
 
     core.add_request("penalized", tok.encode(PROMPTS[3]),
