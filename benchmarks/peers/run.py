@@ -5,6 +5,7 @@ warmed with one short request, driven through the same workloads by our client
 
     python -m benchmarks.peers.run [--servers pyserve,vllm,llamacpp-q4,llamacpp-f32]
         [--workloads W1,W2,W3,W4] [--repeats 3] [--num-prompts-scale 1.0] [--out DIR]
+        [--interleave]
 
 Install the peers first (benchmarks/peers/README.md). Each (server, workload) runs --repeats
 times with the workload's seeds (fresh prompts each time, so no cache carries over from one
@@ -15,7 +16,9 @@ first, before any server runs, and the "roof" column puts each row against them:
 stream) the fraction of the bandwidth roofline its TPOT reaches (the bytes of the server's
 weights a decode step reads / the measured read bandwidth, over the median TPOT), the other
 workloads their prompt + output tokens/s as a fraction of the float32 GEMM ceiling. Needs a
-quiet machine: anything else running skews every row.
+quiet machine: anything else running skews every row. --interleave starts every server first
+and runs each workload's repeats taking turns between them, for machines whose speed drifts
+by more than the differences being measured.
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama-server -t (default 2, all cores; 1 leaves a core for the rest)")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to healthy")
     p.add_argument("--no-ceilings", action="store_true", help="skip measuring GEMM and bandwidth")
+    p.add_argument("--interleave", action="store_true",
+                   help="start every server first (all stay up: their memory together must fit), "
+                   "then run each workload's repeats taking turns: repeat 1 on each server, then "
+                   "repeat 2, ... (each run alone, the others idle), so that a drift of the "
+                   "machine's speed lands on all alike; peak RSS is then over the whole run")
     return p
 
 
@@ -110,46 +118,104 @@ def summarize(runs: list[dict]) -> dict:
             "full_length": all(r["short_outputs"] == 0 and r["failed"] == 0 for r in runs)}
 
 
+class ServerBench:
+    """One server's part of a run: started and warmed, its measured runs, stopped; its entry
+    in results."""
+
+    def __init__(self, spec, args):
+        self.spec, self.args = spec, args
+        self.entry = {"what": spec.what, "startup_s": None, "peak_rss_gib": None,
+                      "peak_pss_gib": None, "error": None, "workloads": {}}
+        self.server = None
+        self.log = None
+        self.runs: dict[str, list[dict]] = {}
+
+    def start(self) -> bool:
+        """Start, time to healthy, warm with one short request; False (the error noted) if not."""
+        spec, args = self.spec, self.args
+        print(f"[peers] {spec.name}: starting ({spec.what})", flush=True)
+        try:
+            self.server = RunningServer(spec, args.out / "logs" / f"{spec.name}.log", args.startup_timeout)
+        except ServerError as exc:
+            return self._failed(exc)
+        self.entry["startup_s"] = self.server.startup_s
+        print(f"[peers] {spec.name}: healthy after {self.server.startup_s:.1f} s on "
+              f"{self.server.base_url}", flush=True)
+        self.log = open(args.out / "logs" / f"client-{spec.name}.log", "w", encoding="utf-8")
+        try:
+            # one short request first, so that no lazy first-use cost lands in W1's first run
+            run_client(self.server, ["--tokenizer", str(args.model), "--num-prompts", "1",
+                                     "--random-input-len", "32", "--random-output-len", "8"], self.log)
+        except (ServerError, OSError, SystemExit) as exc:  # SystemExit: serve's errors
+            return self._failed(exc)
+        return True
+
+    def run(self, w: Workload, repeat: int) -> bool:
+        """One measured run of w; False (the error noted) if it failed."""
+        start = time.perf_counter()
+        try:
+            r = run_workload(self.server, w, self.args, w.seed(repeat), self.log)
+        except (ServerError, OSError, KeyError, SystemExit) as exc:
+            return self._failed(exc)
+        runs = self.runs.setdefault(w.name, [])
+        runs.append(r)
+        if len(runs) == self.args.repeats:  # a workload is reported with all its repeats only
+            self.entry["workloads"][w.name] = summarize(runs)
+        print(f"[peers] {self.spec.name} {w.name} #{repeat + 1}: "
+              f"{r['output_throughput']:.1f} tok/s, TTFT {r['median_ttft_ms']:.0f} ms, "
+              f"TPOT {r['median_tpot_ms']:.1f} ms, {r['failed']} failed, "
+              f"{r['short_outputs']} short ({time.perf_counter() - start:.0f} s)", flush=True)
+        return True
+
+    @property
+    def ok(self) -> bool:
+        return self.server is not None and self.entry["error"] is None
+
+    def _failed(self, exc: BaseException) -> bool:
+        print(f"[peers] {self.spec.name}: {exc}", file=sys.stderr)
+        self.entry["error"] = str(exc)
+        return False
+
+    def stop(self) -> dict:
+        if self.log is not None:
+            self.log.close()
+        if self.server is not None:
+            self.server.stop()
+            self.entry["peak_rss_gib"] = self.server.memory.peak_rss / GIB
+            self.entry["peak_pss_gib"] = self.server.memory.peak_pss / GIB
+        return self.entry
+
+
 def bench_server(spec, workloads: list[Workload], args) -> dict:
     """Start, warm, run every workload --repeats times, stop: the server's entry in results."""
-    entry = {"what": spec.what, "startup_s": None, "peak_rss_gib": None, "peak_pss_gib": None,
-             "error": None, "workloads": {}}
-    print(f"[peers] {spec.name}: starting ({spec.what})", flush=True)
-    log_path = args.out / "logs" / f"client-{spec.name}.log"
+    bench = ServerBench(spec, args)
     try:
-        server = RunningServer(spec, args.out / "logs" / f"{spec.name}.log", args.startup_timeout)
-    except ServerError as exc:
-        print(f"[peers] {spec.name}: {exc}", file=sys.stderr)
-        entry["error"] = str(exc)
-        return entry
-    entry["startup_s"] = server.startup_s
-    print(f"[peers] {spec.name}: healthy after {server.startup_s:.1f} s on {server.base_url}",
-          flush=True)
-    try:
-        with open(log_path, "w", encoding="utf-8") as log:
-            # one short request first, so that no lazy first-use cost lands in W1's first run
-            run_client(server, ["--tokenizer", str(args.model), "--num-prompts", "1",
-                                "--random-input-len", "32", "--random-output-len", "8"], log)
+        if bench.start():
             for w in workloads:
-                runs = []
-                for repeat in range(args.repeats):
-                    start = time.perf_counter()
-                    runs.append(run_workload(server, w, args, w.seed(repeat), log))
-                    r = runs[-1]
-                    print(f"[peers] {spec.name} {w.name} #{repeat + 1}: "
-                          f"{r['output_throughput']:.1f} tok/s, TTFT {r['median_ttft_ms']:.0f} ms, "
-                          f"TPOT {r['median_tpot_ms']:.1f} ms, {r['failed']} failed, "
-                          f"{r['short_outputs']} short ({time.perf_counter() - start:.0f} s)",
-                          flush=True)
-                entry["workloads"][w.name] = summarize(runs)
-    except (ServerError, OSError, KeyError, SystemExit) as exc:  # SystemExit: serve's errors
-        print(f"[peers] {spec.name}: {exc}", file=sys.stderr)
-        entry["error"] = str(exc)
+                if not all(bench.run(w, repeat) for repeat in range(args.repeats)):
+                    break
     finally:
-        server.stop()
-        entry["peak_rss_gib"] = server.memory.peak_rss / GIB
-        entry["peak_pss_gib"] = server.memory.peak_pss / GIB
-    return entry
+        bench.stop()
+    return bench.entry
+
+
+def bench_interleaved(chosen: dict, args) -> dict:
+    """--interleave: every server started and warmed first, then each workload's repeats
+    taking turns (repeat 1 on each server, then repeat 2, ...), then all stopped. A drift of
+    the machine's speed over the minutes of a run then lands on every server alike, where one
+    server after another would carry it into their ratios."""
+    benches = {name: ServerBench(spec, args) for name, (spec, _) in chosen.items()}
+    try:
+        for bench in benches.values():
+            bench.start()
+        for w in {w.name: w for _, ws in chosen.values() for w in ws}.values():
+            for repeat in range(args.repeats):
+                for name, bench in benches.items():
+                    if bench.ok and w in chosen[name][1]:
+                        bench.run(w, repeat)
+    finally:
+        entries = {name: bench.stop() for name, bench in benches.items()}
+    return entries
 
 
 def _cell(m: dict, base: dict, key: str, fmt: str, width: int) -> str:
@@ -249,13 +315,21 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ceilings:
         results["machine"]["ceilings"] = ceilings.measure(args.model)
         print(ceilings.describe(results["machine"]["ceilings"]), flush=True)
+    chosen = {}
     for name in servers:
         spec = specs[name]
-        chosen = [w for w in workloads if spec.workloads is None or w.name in spec.workloads]
-        if chosen:
-            results["servers"][name] = bench_server(spec, chosen, args)
-            if "ceilings" in results["machine"]:
-                results["servers"][name]["roofline"] = roofline(results["machine"]["ceilings"], spec)
+        picked = [w for w in workloads if spec.workloads is None or w.name in spec.workloads]
+        if picked:
+            chosen[name] = (spec, picked)
+    if args.interleave:
+        results["interleaved"] = True
+        results["servers"] = bench_interleaved(chosen, args)
+    else:
+        results["servers"] = {name: bench_server(spec, picked, args)
+                              for name, (spec, picked) in chosen.items()}
+    if "ceilings" in results["machine"]:
+        for name, (spec, _) in chosen.items():
+            results["servers"][name]["roofline"] = roofline(results["machine"]["ceilings"], spec)
     results_path = args.out / "results.json"
     with open(results_path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

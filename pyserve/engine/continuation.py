@@ -44,7 +44,8 @@ from pyserve.step import DRAFT_PLACEHOLDER, SamplingInputs, ScheduledSequence, S
 # update, scheduling and hand-over: about 0.5 ms on two cores) is a tenth of a one-sequence
 # decode step but 1 % of a 16-sequence one, while the loop's work moved into the step competes
 # with the model's threads for the cores. Measured on two cores (W1's and W2's shapes, the two
-# modes taking turns): 1 sequence 2-4 % faster; 4 about even; 16 3-5 % slower.
+# modes taking turns; docs/performance.md): 1 sequence 3 % faster; 4 about even; 16 no better
+# (one pair of two 5 % slower), where at most 1 % could be won.
 MAX_CONTINUED_SEQUENCES = 4
 
 
