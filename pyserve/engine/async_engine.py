@@ -319,7 +319,6 @@ class AsyncEngine:
             try:
                 if chained is not None:
                     (step, prepared, future), chained = chained, None
-                    self.core.on_continued(step)
                 else:
                     if not self.core.has_unfinished():
                         self._has_work.clear()

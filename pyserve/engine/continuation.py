@@ -60,7 +60,7 @@ def _continued(request, seq: ScheduledSequence, requests) -> bool:
     """The running step's sequence yields the token its (running) request computes next, and
     nothing about that computation depends on the token."""
     if (seq.sampling is None or seq.draft_token_ids or seq.prompt_logprobs is not None
-            or seq.pooling is not None or seq.group_block_ids):
+            or seq.pooling is not None):
         return False
     return (request.matcher is None and request.pooling is None
             and not request.params.penalized

@@ -287,14 +287,6 @@ class EngineCore:
         """The continuation's batch, built from the running step's where it can be."""
         return self.executor.prepare_continuation(previous, step)
 
-    def on_continued(self, step: SchedulerOutput) -> None:
-        """A continuation the model thread went on to run is this engine's next step."""
-        t = now()
-        for seq in step.sequences:
-            request = self.requests.child(seq.request_id)
-            if request is not None:
-                self.stats.on_scheduled(request, t)
-
     def begin_step(self):
         """(the step, its prepared batch), or None when nothing can run this instant."""
         step = self.schedule()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -30,7 +30,7 @@ class _Offer:
     rows: list[int]  # its row i takes the running step's sampled row rows[i]
     future: asyncio.Future
     step: object  # the engine's SchedulerOutput for it
-    taken: bool = field(default=False)
+    taken: bool = False
 
 
 class StepChain:
