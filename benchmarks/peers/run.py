@@ -148,15 +148,19 @@ class ServerBench:
                                      "--random-input-len", "32", "--random-output-len", "8"], self.log)
         except (ServerError, OSError, SystemExit) as exc:  # SystemExit: serve's errors
             return self._failed(exc)
+        self.server.memory.pause()  # sampled again during its measured runs only
         return True
 
     def run(self, w: Workload, repeat: int) -> bool:
         """One measured run of w; False (the error noted) if it failed."""
         start = time.perf_counter()
+        self.server.memory.resume()
         try:
             r = run_workload(self.server, w, self.args, w.seed(repeat), self.log)
         except (ServerError, OSError, KeyError, SystemExit) as exc:
             return self._failed(exc)
+        finally:  # idle until its next run; PSS read here, where it slows nothing measured
+            self.server.memory.pause()
         runs = self.runs.setdefault(w.name, [])
         runs.append(r)
         if len(runs) == self.args.repeats:  # a workload is reported with all its repeats only

@@ -4,8 +4,11 @@ Each server runs on loopback on a free port, in its own process group (so that s
 reaches every process it forked), with its log in a file. Start-up time is from the launch to
 the first 200 from /health (pyserve and llama-server answer 503 while loading; vLLM binds its
 port only when ready). Memory is the sum of RSS over the server's process tree, read from /proc
-about twice a second from launch to stop; the peak is kept, and the peak of the summed PSS
-beside it (RSS counts pages that forked processes share once per process; PSS splits them).
+about twice a second from launch to stop; the peak is kept. The summed PSS goes beside it (RSS
+counts pages that forked processes share once per process; PSS splits them), read only between
+measured runs and at stop: reading PSS walks the process's page tables under its memory-map
+lock (44 ms for vLLM's 7 GiB tree), which, twice a second and for every server up, cost the
+measured server 10-20 % of its throughput (2026-12-05).
 """
 
 from __future__ import annotations
@@ -184,35 +187,63 @@ def _kib(path: str, key: str) -> int:
     return 0
 
 
-def tree_memory(root: int) -> tuple[int, int]:
-    """(RSS, PSS) in bytes summed over root and all its descendants."""
-    tree, todo, rss, pss = _children(), [root], 0, 0
+def _tree(root: int) -> list[int]:
+    """root and all its descendants."""
+    children, todo, pids = _children(), [root], []
     while todo:
         pid = todo.pop()
-        rss += _kib(f"/proc/{pid}/status", "VmRSS:")
-        pss += _kib(f"/proc/{pid}/smaps_rollup", "Pss:")
-        todo += tree.get(pid, [])
-    return rss * 1024, pss * 1024
+        pids.append(pid)
+        todo += children.get(pid, [])
+    return pids
+
+
+def tree_rss(root: int) -> int:
+    """RSS in bytes summed over root and its descendants: counters the kernel keeps, cheap."""
+    return sum(_kib(f"/proc/{pid}/status", "VmRSS:") for pid in _tree(root)) * 1024
+
+
+def tree_pss(root: int) -> int:
+    """PSS in bytes summed over root and its descendants: a walk of each one's page tables."""
+    return sum(_kib(f"/proc/{pid}/smaps_rollup", "Pss:") for pid in _tree(root)) * 1024
 
 
 class MemorySampler:
-    """Peak tree RSS and PSS of a process, sampled on a thread until stop()."""
+    """Peak tree RSS of a process, sampled on a thread from launch until stop() while not
+    paused; its PSS read at each pause() (the end of a measured run) and at stop(), the
+    largest kept. A server that waits its turn (peers.run --interleave) is paused: its memory
+    does not grow while it idles, and the others' runs then pay for no reads of it."""
 
     def __init__(self, pid: int, interval_s: float = 0.5):
         self.peak_rss = self.peak_pss = 0
         self._pid, self._interval = pid, interval_s
-        self._done = threading.Event()
+        self._done, self._active = threading.Event(), threading.Event()
+        self._active.set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._done.is_set():
-            rss, pss = tree_memory(self._pid)
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-            self._done.wait(self._interval)
+            if self._active.is_set():
+                self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
+                self._done.wait(self._interval)
+            else:
+                self._active.wait(self._interval)
+
+    def pause(self) -> None:
+        """Stops sampling RSS until resume(), after one more RSS and one PSS reading."""
+        self._active.clear()
+        self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
+        self.peak_pss = max(self.peak_pss, tree_pss(self._pid))
+
+    def resume(self) -> None:
+        self._active.set()
 
     def stop(self) -> None:
+        """Stops sampling, after a last reading (the process must still be running)."""
+        if not self._done.is_set() and self._active.is_set():
+            self.pause()
         self._done.set()
+        self._active.set()  # wakes the thread to see _done
         self._thread.join()
 
 
