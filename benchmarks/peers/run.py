@@ -234,8 +234,11 @@ def format_table(results: dict) -> str:
             f"{'TPOT ms':>8} {'x':>6} {'roof':>5} {'start s':>7} {'RSS GiB':>7}  note")
     lines = [head, "-" * len(head)]
     servers = results["servers"]
+    # the ratios' base: the pyserve row, else the first pyserve row the run has (pyserve-q4 in
+    # a run of the GGUF rows), so that a run without the float32 row still prints its ratios
+    baseline = BASELINE if BASELINE in servers else next((n for n in servers if n.startswith("pyserve")), None)
     for w in results["workloads"]:
-        base = servers.get(BASELINE, {}).get("workloads", {}).get(w, {}).get("median", {})
+        base = servers.get(baseline, {}).get("workloads", {}).get(w, {}).get("median", {})
         for name, s in servers.items():
             row = s["workloads"].get(w)
             if row is None:
@@ -250,7 +253,7 @@ def format_table(results: dict) -> str:
                          f"{_cell(m, base, 'median_ttft_ms', '.0f', 9)} "
                          f"{_cell(m, base, 'median_tpot_ms', '.1f', 8)} "
                          f"{_roof(results, s, w, m):>5} {start:>7} {rss:>7}  {note}")
-    lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / pyserve's "
+    lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / {baseline}'s "
                  "on the same workload (tok/s: higher is better; TTFT, TPOT: lower is better); "
                  "roof: W1 the bandwidth roofline's TPOT / the median TPOT, the others prompt + "
                  "output tok/s / the GEMM ceiling's")

@@ -34,3 +34,18 @@ def test_roof_column_uses_each_servers_own_weights(tmp_path):
     assert " 50% " in rows[("W1", "pyserve")]  # 25 ms floor / 50 ms
     assert " 25% " in rows[("W1", "pyserve-q4")]  # 0.01 ms floor / 0.04 ms
     assert " 75% " in rows[("W2", "pyserve")]  # 300 / 400 tok/s
+
+
+def test_ratios_to_the_first_pyserve_row_when_the_float32_row_is_absent():
+    def server(tok_s):
+        median = {"output_throughput": tok_s, "median_ttft_ms": 300.0, "median_tpot_ms": 5.0,
+                  "total_token_throughput": tok_s}
+        return {"error": None, "startup_s": 1.0, "peak_rss_gib": 0.5,
+                "workloads": {"W2": {"median": median, "full_length": True}}}
+
+    results = {"repeats": 1, "workloads": ["W2"], "machine": {},
+               "servers": {"pyserve-q4": server(300.0), "vllm": server(100.0)}}
+    table = format_table(results)
+    rows = {line.split()[1]: line.split() for line in table.splitlines() if line.startswith("W2")}
+    assert rows["vllm"][3] == "0.33x" and rows["pyserve-q4"][3] == "1.00x"
+    assert "/ pyserve-q4's" in table
