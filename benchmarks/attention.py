@@ -98,7 +98,8 @@ def own_caches(cases, repeats: int, layers: int = LAYERS) -> list[tuple[str, flo
 
         seconds = _seconds(run, repeats)
         read_gb = layers * 2 * sum(ctx for ctx, _ in specs) * KV_HEADS * HEAD_SIZE * 4 / 1e9
-        print(f"{name:<36} {seconds * 1e3:7.1f} ms {read_gb:6.3f} GB {read_gb / seconds:6.1f}", flush=True)
+        print(f"{name:<36} {seconds * 1e3:7.1f} ms {read_gb:6.3f} GB {read_gb / seconds:6.1f}",
+              flush=True)
         results.append((name, seconds, read_gb))
     return results
 

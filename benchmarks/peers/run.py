@@ -236,7 +236,8 @@ def format_table(results: dict) -> str:
     servers = results["servers"]
     # the ratios' base: the pyserve row, else the first pyserve row the run has (pyserve-q4 in
     # a run of the GGUF rows), so that a run without the float32 row still prints its ratios
-    baseline = BASELINE if BASELINE in servers else next((n for n in servers if n.startswith("pyserve")), None)
+    baseline = BASELINE if BASELINE in servers else next(
+        (n for n in servers if n.startswith("pyserve")), None)
     for w in results["workloads"]:
         base = servers.get(baseline, {}).get("workloads", {}).get(w, {}).get("median", {})
         for name, s in servers.items():

@@ -4,11 +4,12 @@ Each server runs on loopback on a free port, in its own process group (so that s
 reaches every process it forked), with its log in a file. Start-up time is from the launch to
 the first 200 from /health (pyserve and llama-server answer 503 while loading; vLLM binds its
 port only when ready). Memory is the sum of RSS over the server's process tree, read from /proc
-about twice a second from launch to stop; the peak is kept. The summed PSS goes beside it (RSS
-counts pages that forked processes share once per process; PSS splits them), read only between
-measured runs and at stop: reading PSS walks the process's page tables under its memory-map
-lock (44 ms for vLLM's 7 GiB tree), which, twice a second and for every server up, cost the
-measured server 10-20 % of its throughput (2026-12-05).
+about twice a second from launch to the end of the warm-up request and during the server's
+measured runs (an idle server's memory does not grow); the peak is kept. The summed PSS goes
+beside it (RSS counts pages that forked processes share once per process; PSS splits them),
+read only between measured runs and at stop: reading PSS walks the process's page tables
+under its memory-map lock (44 ms for vLLM's 7 GiB tree), which, twice a second and for every
+server up, cost the measured server 10-20 % of its throughput (2026-12-05).
 """
 
 from __future__ import annotations
@@ -218,13 +219,16 @@ class MemorySampler:
         self._pid, self._interval = pid, interval_s
         self._done, self._active = threading.Event(), threading.Event()
         self._active.set()
+        self._lock = threading.Lock()  # the thread's readings and pause()'s, one at a time
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._done.is_set():
             if self._active.is_set():
-                self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
+                rss = tree_rss(self._pid)
+                with self._lock:
+                    self.peak_rss = max(self.peak_rss, rss)
                 self._done.wait(self._interval)
             else:
                 self._active.wait(self._interval)
@@ -232,8 +236,9 @@ class MemorySampler:
     def pause(self) -> None:
         """Stops sampling RSS until resume(), after one more RSS and one PSS reading."""
         self._active.clear()
-        self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
-        self.peak_pss = max(self.peak_pss, tree_pss(self._pid))
+        rss, pss = tree_rss(self._pid), tree_pss(self._pid)
+        with self._lock:
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
 
     def resume(self) -> None:
         self._active.set()

@@ -9,7 +9,8 @@ def test_scattered_blocks_are_distinct_and_inside_the_pool():
     gen = torch.Generator().manual_seed(0)
     specs = [(40, 1), (17, 1), (16, 1)]  # 3, 2 and 1 blocks of 16
     _, key_cache, value_cache, tables, _, lens = attention._batch(specs, gen, scatter=True)
-    used = [int(b) for row, (ctx, _) in zip(tables, specs) for b in row[: -(-ctx // attention.BLOCK)]]
+    used = [int(b) for row, (ctx, _) in zip(tables, specs)
+            for b in row[: -(-ctx // attention.BLOCK)]]
     assert len(used) == len(set(used)) == 6
     assert key_cache.shape[0] == value_cache.shape[0] == 9 and all(0 <= b < 9 for b in used)
     assert used != list(range(6))  # drawn from the pool, not laid one after another
