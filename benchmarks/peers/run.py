@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start every server first (all stay up: their memory together must fit), "
                    "then run each workload's repeats taking turns: repeat 1 on each server, then "
                    "repeat 2, ... (each run alone, the others idle), so that a drift of the "
-                   "machine's speed lands on all alike; peak RSS is then over the whole run")
+                   "machine's speed lands on all alike; each server's memory is sampled over its "
+                   "start-up and its own runs")
     return p
 
 
@@ -148,7 +149,8 @@ class ServerBench:
                                      "--random-input-len", "32", "--random-output-len", "8"], self.log)
         except (ServerError, OSError, SystemExit) as exc:  # SystemExit: serve's errors
             return self._failed(exc)
-        self.server.memory.pause()  # sampled again during its measured runs only
+        finally:
+            self.server.memory.pause()  # sampled again during its measured runs only
         return True
 
     def run(self, w: Workload, repeat: int) -> bool:
@@ -229,17 +231,21 @@ def _cell(m: dict, base: dict, key: str, fmt: str, width: int) -> str:
 
 
 def format_table(results: dict) -> str:
-    """Every workload x server: medians, ratios to pyserve, start-up and peak memory."""
+    """Every workload x server: medians, ratios to a pyserve row, start-up and peak memory."""
     head = (f"{'workload':<8} {'server':<17} {'out tok/s':>9} {'x':>6} {'TTFT ms':>9} {'x':>6} "
             f"{'TPOT ms':>8} {'x':>6} {'roof':>5} {'start s':>7} {'RSS GiB':>7}  note")
     lines = [head, "-" * len(head)]
     servers = results["servers"]
-    # the ratios' base: the pyserve row, else the first pyserve row the run has (pyserve-q4 in
-    # a run of the GGUF rows), so that a run without the float32 row still prints its ratios
-    baseline = BASELINE if BASELINE in servers else next(
-        (n for n in servers if n.startswith("pyserve")), None)
+    # the ratios' base, per workload: the pyserve row, else the first pyserve row that has the
+    # workload (pyserve-q4 in a run of the GGUF rows), so that a run without the float32 row,
+    # or with a failed one, still prints its ratios
+    names = [BASELINE] + [n for n in servers if n.startswith("pyserve") and n != BASELINE]
+    bases = []
     for w in results["workloads"]:
-        base = servers.get(baseline, {}).get("workloads", {}).get(w, {}).get("median", {})
+        baseline = next((n for n in names
+                         if "median" in servers.get(n, {}).get("workloads", {}).get(w, {})), None)
+        bases.append(baseline or "pyserve")
+        base = servers[baseline]["workloads"][w]["median"] if baseline else {}
         for name, s in servers.items():
             row = s["workloads"].get(w)
             if row is None:
@@ -254,7 +260,8 @@ def format_table(results: dict) -> str:
                          f"{_cell(m, base, 'median_ttft_ms', '.0f', 9)} "
                          f"{_cell(m, base, 'median_tpot_ms', '.1f', 8)} "
                          f"{_roof(results, s, w, m):>5} {start:>7} {rss:>7}  {note}")
-    lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / {baseline}'s "
+    lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / "
+                 f"{' or '.join(dict.fromkeys(bases)) or 'pyserve'}'s "
                  "on the same workload (tok/s: higher is better; TTFT, TPOT: lower is better); "
                  "roof: W1 the bandwidth roofline's TPOT / the median TPOT, the others prompt + "
                  "output tok/s / the GEMM ceiling's")

@@ -226,19 +226,19 @@ class MemorySampler:
     def _run(self) -> None:
         while not self._done.is_set():
             if self._active.is_set():
-                rss = tree_rss(self._pid)
-                with self._lock:
-                    self.peak_rss = max(self.peak_rss, rss)
+                with self._lock:  # a reading begun before pause() ends before it returns
+                    if self._active.is_set():
+                        self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
                 self._done.wait(self._interval)
             else:
                 self._active.wait(self._interval)
 
     def pause(self) -> None:
         """Stops sampling RSS until resume(), after one more RSS and one PSS reading."""
-        self._active.clear()
-        rss, pss = tree_rss(self._pid), tree_pss(self._pid)
         with self._lock:
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self._active.clear()
+            self.peak_rss = max(self.peak_rss, tree_rss(self._pid))
+            self.peak_pss = max(self.peak_pss, tree_pss(self._pid))
 
     def resume(self) -> None:
         self._active.set()

@@ -32,6 +32,7 @@ def test_interleaved_runs_take_turns(tiny_dir, tmp_path, capsys):
     for name in ("a", "b"):
         entry = entries[name]
         assert entry["error"] is None and entry["startup_s"] > 0 and entry["peak_rss_gib"] > 0
+        assert entry["peak_pss_gib"] > 0  # read at the pauses between runs
         w = entry["workloads"]["W1"]
         assert len(w["runs"]) == 2 and w["full_length"]
         assert w["median"]["total_output_tokens"] == w1.output_len

@@ -49,3 +49,12 @@ def test_ratios_to_the_first_pyserve_row_when_the_float32_row_is_absent():
     rows = {line.split()[1]: line.split() for line in table.splitlines() if line.startswith("W2")}
     assert rows["vllm"][3] == "0.33x" and rows["pyserve-q4"][3] == "1.00x"
     assert "/ pyserve-q4's" in table
+    # a float32 row that failed (no workloads) leaves the base to the next pyserve row
+    results["servers"] = {"pyserve": {**server(1.0), "workloads": {}}, **results["servers"]}
+    rows = {line.split()[1]: line.split() for line in format_table(results).splitlines()
+            if line.startswith("W2")}
+    assert rows["vllm"][3] == "0.33x"
+    # no pyserve row at all: no ratios, and the footer still names a base
+    results["servers"] = {"vllm": server(100.0)}
+    table = format_table(results)
+    assert "None" not in table and [l.split()[3] for l in table.splitlines() if l.startswith("W2")] == ["-"]
