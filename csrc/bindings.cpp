@@ -224,7 +224,17 @@ PYBIND11_MODULE(_C, m) {
            py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),
            py::arg("o_proj"), py::arg("gate_up"), py::arg("down"), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"))
-      .def("forward", &pyserve::cpu::LlamaLayer::forward, py::arg("positions"), py::arg("hidden"),
+      .def("forward",
+           [](const pyserve::cpu::LlamaLayer& layer, const at::Tensor& positions, at::Tensor hidden,
+              std::optional<at::Tensor> residual, at::Tensor& key_cache, at::Tensor& value_cache,
+              const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+              const at::Tensor& query_start_loc, const at::Tensor& seq_lens) {
+             pyserve::cpu::StepBuffers buffers;  // this call's own: what it returns is new or the caller's
+             return layer.forward(buffers, /*fresh_output=*/true, positions, std::move(hidden),
+                                  std::move(residual), key_cache, value_cache, slot_mapping,
+                                  block_tables, query_start_loc, seq_lens);
+           },
+           py::arg("positions"), py::arg("hidden"),
            py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
            py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
            py::call_guard<py::gil_scoped_release>());

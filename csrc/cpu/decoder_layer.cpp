@@ -27,6 +27,14 @@ at::Tensor PackedLinear::operator()(const at::Tensor& x) const {
   return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
 }
 
+at::Tensor PackedLinear::into(const at::Tensor& x, at::Tensor& out) const {
+  const int64_t rows = x.size(0);
+  if (parts.size() != 1 || rows > parts[0].max_rows || (gemm_weight.has_value() && rows > max_rows))
+    return (*this)(x);
+  packed_linear(out, x.contiguous(), parts[0].packed, bias);
+  return out;
+}
+
 LlamaLayer::LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, PackedLinear qkv,
                        PackedLinear o_proj, PackedLinear gate_up, PackedLinear down,
                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin,
@@ -40,38 +48,60 @@ LlamaLayer::LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, 
               num_kv_heads, " heads of ", head_dim);
 }
 
+void LlamaLayer::fit(StepBuffers& b, const at::Tensor& hidden) const {
+  const int64_t T = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
+  const int64_t inter2 = gate_up_.out_features, hidden_size = hidden.size(1);
+  if (b.tokens == T && b.q_size == q_size && b.kv_size == kv_size && b.inter2 == inter2 &&
+      b.hidden_size == hidden_size)
+    return;
+  const auto options = hidden.options();
+  b = StepBuffers{T, q_size + 2 * kv_size, q_size, kv_size, inter2, hidden_size};
+  b.normed = at::empty({T, hidden_size}, options);
+  b.qkv = at::empty({T, b.qkv_size}, options);
+  b.q = b.qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
+  b.k = b.qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  b.v = b.qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  b.attn = at::empty({T, num_heads_, head_dim_}, options);
+  b.attn_rows = b.attn.view({T, q_size});
+  b.out = at::empty({T, o_proj_.out_features}, options);
+  b.gate_up = at::empty({T, inter2}, options);
+  b.act = at::empty({T, inter2 / 2}, options);
+  b.down = at::empty({T, down_.out_features}, options);
+}
+
 std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
-    const at::Tensor& positions, at::Tensor hidden, std::optional<at::Tensor> residual,
-    at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping,
-    const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-    const at::Tensor& seq_lens) const {
+    StepBuffers& b, bool fresh_output, const at::Tensor& positions, at::Tensor hidden,
+    std::optional<at::Tensor> residual, at::Tensor& key_cache, at::Tensor& value_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens) const {
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.scalar_type() == at::kFloat,
               "LlamaLayer: hidden must be contiguous float32 [T, hidden_size]");
+  fit(b, hidden);
   at::Tensor res;
   if (residual.has_value()) {
     res = *residual;
     fused_add_rms_norm(hidden, res, input_norm_, eps_);  // both in place
   } else {
     res = hidden;
-    at::Tensor normed = at::empty_like(hidden);
-    rms_norm(normed, hidden, input_norm_, eps_);
-    hidden = normed;
+    rms_norm(b.normed, hidden, input_norm_, eps_);
+    hidden = b.normed;
   }
-  const int64_t T = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
-  const at::Tensor qkv = qkv_(hidden);
-  at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
-  at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
-  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  const int64_t T = hidden.size(0), q_size = b.q_size, kv_size = b.kv_size;
+  const at::Tensor qkv = qkv_.into(hidden, b.qkv);
+  const bool in_buffer = qkv.is_same(b.qkv);
+  at::Tensor q = in_buffer ? b.q : qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
+  at::Tensor k = in_buffer ? b.k : qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  const at::Tensor v =
+      in_buffer ? b.v : qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
   rotary_embedding(positions, q, k, head_dim_, cos_sin_, /*is_neox=*/true);
   reshape_and_cache(k, v, key_cache, value_cache, slot_mapping);
-  at::Tensor attn = at::empty_like(q);
-  paged_attention(attn, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_);
-  at::Tensor out = o_proj_(attn.view({T, q_size}));
+  paged_attention(b.attn, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_);
+  at::Tensor out = o_proj_.into(b.attn_rows, b.out);
   fused_add_rms_norm(out, res, post_norm_, eps_);  // out = norm(out + res), res = out + res
-  const at::Tensor gate_up = gate_up_(out);
-  at::Tensor act = at::empty({T, gate_up.size(1) / 2}, gate_up.options());
-  silu_and_mul(act, gate_up);
-  return {down_(act), res};
+  const at::Tensor gate_up = gate_up_.into(out, b.gate_up);
+  silu_and_mul(b.act, gate_up);
+  if (fresh_output) return {down_(b.act), res};
+  return {down_.into(b.act, b.down), res};
 }
 
 LlamaStack::LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,
@@ -86,11 +116,19 @@ std::tuple<at::Tensor, at::Tensor> LlamaStack::forward(
     const at::Tensor& positions, at::Tensor hidden, std::optional<at::Tensor> residual,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables,
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens) const {
+  const bool buffered = hidden.dim() == 2 && hidden.size(0) <= kBufferedRows;
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  StepBuffers own;
+  if (buffered) lock.lock();
+  StepBuffers& buffers = buffered ? buffers_ : own;
   at::Tensor res;
   for (size_t i = 0; i < layers_.size(); ++i) {
     at::Tensor key_cache = key_caches_[i], value_cache = value_caches_[i];
-    std::tie(hidden, res) = layers_[i].forward(positions, hidden, residual, key_cache, value_cache,
-                                               slot_mapping, block_tables, query_start_loc, seq_lens);
+    // the last layer's hidden is returned: a new tensor, which the next step cannot overwrite
+    const bool last = i + 1 == layers_.size();
+    std::tie(hidden, res) = layers_[i].forward(buffers, !buffered || last, positions, hidden, residual,
+                                               key_cache, value_cache, slot_mapping, block_tables,
+                                               query_start_loc, seq_lens);
     residual = res;
   }
   return {hidden, res};

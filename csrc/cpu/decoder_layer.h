@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -36,6 +37,18 @@ struct PackedLinear {
   // as layers/linear.py's bf16_linear does (--dtype bfloat16 with AMX or AVX-512 BF16)
   std::optional<at::Tensor> gemm_weight;
   at::Tensor operator()(const at::Tensor& x) const;
+  // the same, written into out [rows of x, out_features] where one packed kernel computes it
+  // all (one part, within its max_rows, no GEMM); else a new tensor, as operator() gives
+  at::Tensor into(const at::Tensor& x, at::Tensor& out) const;
+};
+
+// The intermediate tensors of one step's rows, allocated once for a row count and reused by
+// every layer of a stack and by the steps after while the count stays (every decode step of
+// one stream): a layer's dozen allocations and views cost about as much as its small kernels
+// at one row. Each is written before it is read, so no value carries over from a step.
+struct StepBuffers {
+  int64_t tokens = -1, qkv_size = 0, q_size = 0, kv_size = 0, inter2 = 0, hidden_size = 0;
+  at::Tensor normed, qkv, q, k, v, attn, attn_rows, out, gate_up, act, down;
 };
 
 class LlamaLayer {
@@ -45,8 +58,11 @@ class LlamaLayer {
              int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale);
 
   // -> (hidden, residual), as LlamaDecoderLayer.forward returns them; residual None on the
-  // first layer. hidden and residual are updated in place where the Python path does so.
-  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& positions, at::Tensor hidden,
+  // first layer. hidden and residual are updated in place where the Python path does so. The
+  // intermediates go to buffers (made for these rows and this layer's sizes if they are not);
+  // the returned hidden is buffers.down unless fresh_output.
+  std::tuple<at::Tensor, at::Tensor> forward(StepBuffers& buffers, bool fresh_output,
+                                             const at::Tensor& positions, at::Tensor hidden,
                                              std::optional<at::Tensor> residual,
                                              at::Tensor& key_cache, at::Tensor& value_cache,
                                              const at::Tensor& slot_mapping,
@@ -55,6 +71,8 @@ class LlamaLayer {
                                              const at::Tensor& seq_lens) const;
 
  private:
+  void fit(StepBuffers& buffers, const at::Tensor& hidden) const;
+
   at::Tensor input_norm_, post_norm_;
   double eps_;
   PackedLinear qkv_, o_proj_, gate_up_, down_;
@@ -66,7 +84,8 @@ class LlamaLayer {
 // A run of LlamaLayers with their KV caches, called once per step for all of them: one
 // pybind11 call and one release of the GIL for the whole stack instead of one per layer, so
 // that the event loop's thread (HTTP, streaming) cannot hold the model thread up between
-// layers. The layers share one KV group's slot mapping and tables.
+// layers. The layers share one KV group's slot mapping and tables. Steps of up to
+// kBufferedRows rows keep their intermediates in one StepBuffers; one caller at a time.
 class LlamaStack {
  public:
   LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,
@@ -80,9 +99,15 @@ class LlamaStack {
                                              const at::Tensor& query_start_loc,
                                              const at::Tensor& seq_lens) const;
 
+  // larger steps (long prefill chunks) allocate their own buffers for the call: their kernels
+  // dwarf the allocations, and their buffers are not worth keeping between steps
+  static constexpr int64_t kBufferedRows = 256;
+
  private:
   std::vector<LlamaLayer> layers_;
   std::vector<at::Tensor> key_caches_, value_caches_;
+  mutable std::mutex mutex_;  // guards buffers_ (the model thread is the only caller)
+  mutable StepBuffers buffers_;
 };
 
 // One Gemma 2 / Gemma 3 decoder layer (GemmaDecoderLayer.forward): (1 + w) RMSNorms before

@@ -66,3 +66,28 @@ def test_native_stack_takes_a_merged_layer_packed_per_part(tmp_path):
 def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory):
     llm = LLM(str(tiny_model_factory("qwen3")))  # q/k norm
     assert all(layer.native is None for layer in llm.engine.executor.runner.model.model.layers)
+
+
+def test_native_stack_reuses_its_step_buffers_bitwise(tiny_model_factory, monkeypatch):
+    """Steps of up to LlamaStack's kBufferedRows rows keep their intermediates in buffers
+    reused across layers and steps: row counts that change from step to step (chunked
+    prefills beside decode rows, then a batch that shrinks as requests end) refit them, and
+    every logprob is still bitwise that of each layer's own native call (buffers of its own)
+    and of the Python layers."""
+    llm = LLM(str(tiny_model_factory("llama")), max_num_batched_tokens=48)
+    decoder = llm.engine.executor.runner.model.model
+    prompts = [list(range(3, 103)), [5, 6, 7], list(range(10, 40)), [9]]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=2, ignore_eos=True)
+              for n in (12, 3, 7, 1)]
+
+    def run():
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params)]
+
+    stacked = run()
+    assert decoder.native_stack(llm.engine.executor.runner.kv_caches) is not None
+    with monkeypatch.context() as patch:  # each layer's native call, one at a time
+        patch.setattr(decoder, "native_stack", lambda kv_caches: None)
+        assert run() == stacked
+    for layer in decoder.layers:
+        layer.native = None
+    assert run() == stacked
