@@ -17,6 +17,7 @@ schedules, after awaiting that step.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
 from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.engine.step_chain import StepChain
+from pyserve.errors import InvalidRequest
 from pyserve.executor.threads import run_parallel_regions_serially, serial_thread_pool  # noqa: F401 (the server's)
 from pyserve.pooling_params import ModelPooler, PoolingParams
 from pyserve.structured.compiler import GrammarError
@@ -45,7 +47,12 @@ class AsyncEngine:
         core and ran its warm-up: torch's OpenMP keeps a team of worker threads per calling
         thread, and two teams spinning on two cores cost a decode step a third of its speed."""
         self.core = core
-        self._streams: dict[str, asyncio.Queue] = {}
+        # The core's request ids are the callers' ids with a serial number: an id used again
+        # right after an abort names a request of its own, while the aborted one's step may still
+        # be running and its stream still open (vLLM's internal ids do the same).
+        self._streams: dict[str, asyncio.Queue] = {}  # by the core's id
+        self._core_ids: dict[str, str] = {}  # an open stream's id as its caller gave it -> the core's
+        self._serial = itertools.count()
         self._has_work = asyncio.Event()
         self._model_thread = model_thread or ThreadPoolExecutor(1, thread_name_prefix="pyserve-model")
         self._task: asyncio.Task | None = None
@@ -221,9 +228,10 @@ class AsyncEngine:
         if isinstance(params, BeamSearchParams):
             return self.beam_search(prompt_token_ids, params, request_id, prompt, priority)
         self._check_alive()
-        self.core.add_request(request_id, prompt_token_ids, params, prompt=prompt, priority=priority)
+        core_id = self._new_core_id(request_id)
+        self.core.add_request(core_id, prompt_token_ids, params, prompt=prompt, priority=priority)
         self._withdraw_offer()
-        return self._open_stream(request_id)
+        return self._open_stream(request_id, core_id)
 
     def add_pooling_request(self, prompt_token_ids: list[int], params: PoolingParams,
                             request_id: str, prompt: str | None = None,
@@ -231,9 +239,10 @@ class AsyncEngine:
         """As add_request, for an embedding: its stream yields one output, whose `pooled`
         is the result."""
         self._check_alive()
-        self.core.add_pooling_request(request_id, prompt_token_ids, params, prompt, priority)
+        core_id = self._new_core_id(request_id)
+        self.core.add_pooling_request(core_id, prompt_token_ids, params, prompt, priority)
         self._withdraw_offer()
-        return self._open_stream(request_id)
+        return self._open_stream(request_id, core_id)
 
     def _withdraw_offer(self) -> None:
         """A request arrived (its prefill joins the next step, not the one after a
@@ -255,11 +264,20 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine died: {self.dead_reason}")
         self.start()
 
-    def _open_stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+    def _new_core_id(self, request_id: str) -> str:
+        """The core's id for a new request under the caller's request_id, which a live request
+        must not hold (one aborted or finished may: its stream can still be draining)."""
+        current = self._core_ids.get(request_id)
+        if current is not None and current in self.core.requests:
+            raise InvalidRequest(None, f"request_id '{request_id}' is already in use")
+        return f"{request_id}#{next(self._serial)}"
+
+    def _open_stream(self, request_id: str, core_id: str) -> AsyncIterator[RequestOutput]:
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
+        self._streams[core_id] = queue
+        self._core_ids[request_id] = core_id
         self._has_work.set()
-        return self._stream(request_id, queue)
+        return self._stream(request_id, core_id, queue)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                        prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -267,7 +285,8 @@ class AsyncEngine:
         async for output in self.add_request(prompt_token_ids, params, request_id, prompt, priority):
             yield output
 
-    async def _stream(self, request_id: str, queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+    async def _stream(self, request_id: str, core_id: str,
+                      queue: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
@@ -276,15 +295,18 @@ class AsyncEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                item.request_id = request_id  # the caller's id, not the core's
                 yield item
         finally:
-            self._streams.pop(request_id, None)
+            self._streams.pop(core_id, None)
+            if self._core_ids.get(request_id) == core_id:  # not yet a newer request's
+                del self._core_ids[request_id]
             if not finished:
-                self.core.abort(request_id)
+                self.core.abort(core_id)
 
     def abort_all(self) -> int:
         """Ends every open stream with an "abort" finish; returns how many."""
-        ids = list(self._streams)
+        ids = list(self._core_ids)
         for request_id in ids:
             self.abort(request_id)
         return len(ids)
@@ -294,18 +316,23 @@ class AsyncEngine:
 
     def is_active(self, request_id: str) -> bool:
         """The request was added and its stream is still open."""
-        return request_id in self._streams
+        return self._core_ids.get(request_id) in self._streams
 
     def discard(self, request_id: str) -> None:
         """Ends a request whose stream nobody will read (never iterated, or already left):
         aborts it and drops the stream, so neither its blocks nor its queue stay behind."""
-        self.core.abort(request_id)
-        self._streams.pop(request_id, None)
+        core_id = self._core_ids.pop(request_id, None)
+        if core_id is not None:
+            self.core.abort(core_id)
+            self._streams.pop(core_id, None)
 
     def abort(self, request_id: str) -> None:
-        self.core.abort(request_id)
+        core_id = self._core_ids.get(request_id)
+        if core_id is None:  # never added, or its stream has ended
+            return
+        self.core.abort(core_id)
         self._withdraw_offer()  # not one more row for it
-        queue = self._streams.get(request_id)
+        queue = self._streams.get(core_id)
         if queue is not None:  # end the stream with an "abort" finish
             queue.put_nowait(RequestOutput(request_id, None, [], [CompletionOutput(0, "", [], "abort")],
                                            finished=True))

@@ -111,6 +111,39 @@ def test_aborts_at_any_point_free_everything_and_spare_the_others(model_dir, alo
     assert core.kv.num_free_blocks == core.kv.num_blocks
 
 
+def test_an_id_used_again_right_after_an_abort_names_a_request_of_its_own(model_dir, alone):
+    """A caller that gives up on a request and at once sends another under the same id: the
+    aborted request's step still running, and its stream still open, touch neither the new
+    request's tokens nor its stream. A live request's id stays refused."""
+    from pyserve.config import Config
+    from pyserve.errors import InvalidRequest
+
+    async def main():
+        core = EngineCore(Config.from_flat(model=str(model_dir), kv_cache_memory="16MiB"))
+        engine = AsyncEngine(core)
+        tok = core.tokenizer
+        first = engine.generate(tok.encode(PROMPTS[1]), GREEDY, "same")
+        for _ in range(3):
+            await first.__anext__()  # the step after its third token is running now
+        with pytest.raises(InvalidRequest, match="already in use"):
+            engine.add_request(tok.encode(PROMPTS[2]), GREEDY, "same")
+        engine.abort("same")
+        again = engine.add_request(tok.encode(PROMPTS[2]), GREEDY, "same")
+        left = [out async for out in first]  # the abort row; the new request's queue stays
+        ids, finish = [], None
+        async for out in again:
+            assert out.request_id == "same"
+            ids += out.outputs[0].token_ids
+            finish = out.outputs[0].finish_reason
+        await engine.shutdown()
+        return core, left, ids, finish
+
+    core, left, ids, finish = run(asyncio.wait_for(main(), 120))
+    assert left[-1].outputs[0].finish_reason == "abort" and left[-1].request_id == "same"
+    assert ids == alone[PROMPTS[2]].token_ids and finish == "length"
+    assert not core.has_unfinished() and core.kv.num_free_blocks == core.kv.num_blocks
+
+
 def test_refused_request_raises_before_streaming(model_dir):
     from pyserve.config import Config
 
