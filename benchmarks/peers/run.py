@@ -244,7 +244,8 @@ def format_table(results: dict) -> str:
     for w in results["workloads"]:
         baseline = next((n for n in names
                          if "median" in servers.get(n, {}).get("workloads", {}).get(w, {})), None)
-        bases.append(baseline or "pyserve")
+        if baseline is not None:
+            bases.append(baseline)
         base = servers[baseline]["workloads"][w]["median"] if baseline else {}
         for name, s in servers.items():
             row = s["workloads"].get(w)
@@ -260,11 +261,12 @@ def format_table(results: dict) -> str:
                          f"{_cell(m, base, 'median_ttft_ms', '.0f', 9)} "
                          f"{_cell(m, base, 'median_tpot_ms', '.1f', 8)} "
                          f"{_roof(results, s, w, m):>5} {start:>7} {rss:>7}  {note}")
-    lines.append(f"medians of {results['repeats']} run(s); x = the server's figure / "
-                 f"{' or '.join(dict.fromkeys(bases)) or 'pyserve'}'s "
-                 "on the same workload (tok/s: higher is better; TTFT, TPOT: lower is better); "
-                 "roof: W1 the bandwidth roofline's TPOT / the median TPOT, the others prompt + "
-                 "output tok/s / the GEMM ceiling's")
+    ratios = (f"x = the server's figure / {' or '.join(dict.fromkeys(bases))}'s on the same "
+              "workload (tok/s: higher is better; TTFT, TPOT: lower is better)" if bases
+              else "x: no pyserve row, so no ratios")
+    lines.append(f"medians of {results['repeats']} run(s); {ratios}; roof: W1 the bandwidth "
+                 "roofline's TPOT / the median TPOT, the others prompt + output tok/s / the GEMM "
+                 "ceiling's")
     return "\n".join(lines)
 
 

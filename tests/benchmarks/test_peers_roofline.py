@@ -54,7 +54,8 @@ def test_ratios_to_the_first_pyserve_row_when_the_float32_row_is_absent():
     rows = {line.split()[1]: line.split() for line in format_table(results).splitlines()
             if line.startswith("W2")}
     assert rows["vllm"][3] == "0.33x"
-    # no pyserve row at all: no ratios, and the footer still names a base
+    # no pyserve row at all: no ratios, and the footer says so
     results["servers"] = {"vllm": server(100.0)}
     table = format_table(results)
     assert "None" not in table and [l.split()[3] for l in table.splitlines() if l.startswith("W2")] == ["-"]
+    assert "no pyserve row, so no ratios" in table and "figure /" not in table
