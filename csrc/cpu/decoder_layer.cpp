@@ -31,6 +31,7 @@ at::Tensor PackedLinear::into(const at::Tensor& x, at::Tensor& out) const {
   const int64_t rows = x.size(0);
   if (parts.size() != 1 || rows > parts[0].max_rows || (gemm_weight.has_value() && rows > max_rows))
     return (*this)(x);
+  if (!out.defined()) out = at::empty({rows, out_features}, x.options());
   packed_linear(out, x.contiguous(), parts[0].packed, bias);
   return out;
 }
@@ -51,22 +52,15 @@ LlamaLayer::LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, 
 void LlamaLayer::fit(StepBuffers& b, const at::Tensor& hidden) const {
   const int64_t T = hidden.size(0), q_size = num_heads_ * head_dim_, kv_size = num_kv_heads_ * head_dim_;
   const int64_t inter2 = gate_up_.out_features, hidden_size = hidden.size(1);
-  if (b.tokens == T && b.q_size == q_size && b.kv_size == kv_size && b.inter2 == inter2 &&
-      b.hidden_size == hidden_size)
-    return;
-  const auto options = hidden.options();
-  b = StepBuffers{T, q_size + 2 * kv_size, q_size, kv_size, inter2, hidden_size};
-  b.normed = at::empty({T, hidden_size}, options);
-  b.qkv = at::empty({T, b.qkv_size}, options);
-  b.q = b.qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
-  b.k = b.qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
-  b.v = b.qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
-  b.attn = at::empty({T, num_heads_, head_dim_}, options);
-  b.attn_rows = b.attn.view({T, q_size});
-  b.out = at::empty({T, o_proj_.out_features}, options);
-  b.gate_up = at::empty({T, inter2}, options);
-  b.act = at::empty({T, inter2 / 2}, options);
-  b.down = at::empty({T, down_.out_features}, options);
+  if (b.tokens != T || b.q_size != q_size || b.kv_size != kv_size || b.inter2 != inter2 ||
+      b.hidden_size != hidden_size)
+    b = StepBuffers{T, q_size, kv_size, inter2, hidden_size};  // its tensors made as first needed
+}
+
+// buffer, made [sizes] like `like` if it is not yet
+static at::Tensor& made(at::Tensor& buffer, at::IntArrayRef sizes, const at::Tensor& like) {
+  if (!buffer.defined()) buffer = at::empty(sizes, like.options());
+  return buffer;
 }
 
 std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
@@ -77,31 +71,35 @@ std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.scalar_type() == at::kFloat,
               "LlamaLayer: hidden must be contiguous float32 [T, hidden_size]");
   fit(b, hidden);
+  const int64_t T = hidden.size(0), q_size = b.q_size, kv_size = b.kv_size;
   at::Tensor res;
   if (residual.has_value()) {
     res = *residual;
     fused_add_rms_norm(hidden, res, input_norm_, eps_);  // both in place
   } else {
     res = hidden;
-    rms_norm(b.normed, hidden, input_norm_, eps_);
-    hidden = b.normed;
+    hidden = made(b.normed, {T, b.hidden_size}, res);
+    rms_norm(hidden, res, input_norm_, eps_);
   }
-  const int64_t T = hidden.size(0), q_size = b.q_size, kv_size = b.kv_size;
   const at::Tensor qkv = qkv_.into(hidden, b.qkv);
-  const bool in_buffer = qkv.is_same(b.qkv);
-  at::Tensor q = in_buffer ? b.q : qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
-  at::Tensor k = in_buffer ? b.k : qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
-  const at::Tensor v =
-      in_buffer ? b.v : qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
-  rotary_embedding(positions, q, k, head_dim_, cos_sin_, /*is_neox=*/true);
-  reshape_and_cache(k, v, key_cache, value_cache, slot_mapping);
-  paged_attention(b.attn, q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_);
+  if (!b.q.defined() || !b.views_of.is_same(qkv)) {  // views of this layer's qkv
+    b.views_of = qkv;
+    b.q = qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
+    b.k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
+    b.v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads_, head_dim_});
+  }
+  rotary_embedding(positions, b.q, b.k, head_dim_, cos_sin_, /*is_neox=*/true);
+  reshape_and_cache(b.k, b.v, key_cache, value_cache, slot_mapping);
+  at::Tensor& attn = made(b.attn, {T, num_heads_, head_dim_}, hidden);
+  paged_attention(attn, b.q, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale_);
+  if (!b.attn_rows.defined()) b.attn_rows = attn.view({T, q_size});
   at::Tensor out = o_proj_.into(b.attn_rows, b.out);
   fused_add_rms_norm(out, res, post_norm_, eps_);  // out = norm(out + res), res = out + res
   const at::Tensor gate_up = gate_up_.into(out, b.gate_up);
-  silu_and_mul(b.act, gate_up);
-  if (fresh_output) return {down_(b.act), res};
-  return {down_.into(b.act, b.down), res};
+  at::Tensor& act = made(b.act, {T, b.inter2 / 2}, gate_up);
+  silu_and_mul(act, gate_up);
+  if (fresh_output) return {down_(act), res};
+  return {down_.into(act, b.down), res};
 }
 
 LlamaStack::LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,

@@ -37,18 +37,21 @@ struct PackedLinear {
   // as layers/linear.py's bf16_linear does (--dtype bfloat16 with AMX or AVX-512 BF16)
   std::optional<at::Tensor> gemm_weight;
   at::Tensor operator()(const at::Tensor& x) const;
-  // the same, written into out [rows of x, out_features] where one packed kernel computes it
-  // all (one part, within its max_rows, no GEMM); else a new tensor, as operator() gives
+  // the same, written into out where one packed kernel computes it all (one part, within its
+  // max_rows, no GEMM), out made [rows of x, out_features] first if undefined; else a new
+  // tensor, as operator() gives, and out is left as it is
   at::Tensor into(const at::Tensor& x, at::Tensor& out) const;
 };
 
-// The intermediate tensors of one step's rows, allocated once for a row count and reused by
-// every layer of a stack and by the steps after while the count stays (every decode step of
-// one stream): a layer's dozen allocations and views cost about as much as its small kernels
-// at one row. Each is written before it is read, so no value carries over from a step.
+// The intermediate tensors of one step's rows, kept for a row count and reused by every layer
+// of a stack and by the steps after while the count stays (every decode step of one stream):
+// a layer's dozen allocations and views cost about as much as its small kernels at one row.
+// Each is made when first written (one a linear layer's fallback never writes is never made)
+// and written before it is read, so no value carries over from a step.
 struct StepBuffers {
-  int64_t tokens = -1, qkv_size = 0, q_size = 0, kv_size = 0, inter2 = 0, hidden_size = 0;
+  int64_t tokens = -1, q_size = 0, kv_size = 0, inter2 = 0, hidden_size = 0;
   at::Tensor normed, qkv, q, k, v, attn, attn_rows, out, gate_up, act, down;
+  at::Tensor views_of;  // the qkv that q, k and v view: the buffer, or a fallback's own tensor
 };
 
 class LlamaLayer {
@@ -59,8 +62,9 @@ class LlamaLayer {
 
   // -> (hidden, residual), as LlamaDecoderLayer.forward returns them; residual None on the
   // first layer. hidden and residual are updated in place where the Python path does so. The
-  // intermediates go to buffers (made for these rows and this layer's sizes if they are not);
-  // the returned hidden is buffers.down unless fresh_output.
+  // intermediates go to buffers (emptied first if they were kept for other rows or sizes); the
+  // returned hidden is buffers.down where down's packed kernel wrote it, a new tensor if
+  // fresh_output.
   std::tuple<at::Tensor, at::Tensor> forward(StepBuffers& buffers, bool fresh_output,
                                              const at::Tensor& positions, at::Tensor hidden,
                                              std::optional<at::Tensor> residual,

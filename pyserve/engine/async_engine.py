@@ -47,9 +47,11 @@ class AsyncEngine:
         core and ran its warm-up: torch's OpenMP keeps a team of worker threads per calling
         thread, and two teams spinning on two cores cost a decode step a third of its speed."""
         self.core = core
-        # The core's request ids are the callers' ids with a serial number: an id used again
-        # right after an abort names a request of its own, while the aborted one's step may still
-        # be running and its stream still open (vLLM's internal ids do the same).
+        # The core knows a request as a serial number and the caller's id ("17#id"; its
+        # completions "17#id#0", ...): an id used again right after an abort names a request of
+        # its own, while the aborted one's step may still be running and its stream still open
+        # (vLLM's internal ids do the same). The serial leads, so no caller's id can make a
+        # core id another request's completions have.
         self._streams: dict[str, asyncio.Queue] = {}  # by the core's id
         self._core_ids: dict[str, str] = {}  # an open stream's id as its caller gave it -> the core's
         self._serial = itertools.count()
@@ -270,7 +272,7 @@ class AsyncEngine:
         current = self._core_ids.get(request_id)
         if current is not None and current in self.core.requests:
             raise InvalidRequest(None, f"request_id '{request_id}' is already in use")
-        return f"{request_id}#{next(self._serial)}"
+        return f"{next(self._serial)}#{request_id}"
 
     def _open_stream(self, request_id: str, core_id: str) -> AsyncIterator[RequestOutput]:
         queue: asyncio.Queue = asyncio.Queue()
@@ -320,7 +322,8 @@ class AsyncEngine:
 
     def discard(self, request_id: str) -> None:
         """Ends a request whose stream nobody will read (never iterated, or already left):
-        aborts it and drops the stream, so neither its blocks nor its queue stay behind."""
+        aborts it and drops the stream, so neither its blocks nor its queue stay behind. Like
+        abort(), it names the latest request added under the id."""
         core_id = self._core_ids.pop(request_id, None)
         if core_id is not None:
             self.core.abort(core_id)

@@ -124,7 +124,7 @@ def test_an_id_used_again_right_after_an_abort_names_a_request_of_its_own(model_
         tok = core.tokenizer
         first = engine.generate(tok.encode(PROMPTS[1]), GREEDY, "same")
         for _ in range(3):
-            await first.__anext__()  # the step after its third token is running now
+            await first.__anext__()  # its next step is likely running now
         with pytest.raises(InvalidRequest, match="already in use"):
             engine.add_request(tok.encode(PROMPTS[2]), GREEDY, "same")
         engine.abort("same")
@@ -135,13 +135,16 @@ def test_an_id_used_again_right_after_an_abort_names_a_request_of_its_own(model_
             assert out.request_id == "same"
             ids += out.outputs[0].token_ids
             finish = out.outputs[0].finish_reason
+        books = engine.books()
+        active = engine.is_active("same")
         await engine.shutdown()
-        return core, left, ids, finish
+        return core, left, ids, finish, books, active
 
-    core, left, ids, finish = run(asyncio.wait_for(main(), 120))
+    core, left, ids, finish, books, active = run(asyncio.wait_for(main(), 120))
     assert left[-1].outputs[0].finish_reason == "abort" and left[-1].request_id == "same"
     assert ids == alone[PROMPTS[2]].token_ids and finish == "length"
     assert not core.has_unfinished() and core.kv.num_free_blocks == core.kv.num_blocks
+    assert books["streams_open"] == 0 and not active
 
 
 def test_refused_request_raises_before_streaming(model_dir):
