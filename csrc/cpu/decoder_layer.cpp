@@ -82,7 +82,7 @@ std::tuple<at::Tensor, at::Tensor> LlamaLayer::forward(
     rms_norm(hidden, res, input_norm_, eps_);
   }
   const at::Tensor qkv = qkv_.into(hidden, b.qkv);
-  if (!b.q.defined() || !b.views_of.is_same(qkv)) {  // views of this layer's qkv
+  if (!b.views_of.is_same(qkv)) {  // views of this layer's qkv (none yet: views_of undefined)
     b.views_of = qkv;
     b.q = qkv.narrow(1, 0, q_size).view({T, num_heads_, head_dim_});
     b.k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads_, head_dim_});
@@ -124,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor> LlamaStack::forward(
     at::Tensor key_cache = key_caches_[i], value_cache = value_caches_[i];
     // the last layer's hidden is returned: a new tensor, which the next step cannot overwrite
     const bool last = i + 1 == layers_.size();
-    std::tie(hidden, res) = layers_[i].forward(buffers, !buffered || last, positions, hidden, residual,
+    std::tie(hidden, res) = layers_[i].forward(buffers, last, positions, hidden, residual,
                                                key_cache, value_cache, slot_mapping, block_tables,
                                                query_start_loc, seq_lens);
     residual = res;
