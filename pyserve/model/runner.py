@@ -161,8 +161,9 @@ class ModelRunner:
         verify_rows, drafts, draft_sampled, draft_inputs, draft_generators = [], [], [], [], []
         draft_seeded, draft_model = [], []
         seqs = step.sequences
-        tables = torch.zeros(len(seqs), max(len(s.block_ids) for s in seqs), dtype=torch.int32)
-        for row, s in enumerate(seqs):
+        width = max(len(s.block_ids) for s in seqs)
+        table_rows = []  # padded, made one tensor at the end (not one small tensor a row)
+        for s in seqs:
             first, last = s.start, s.start + len(s.token_ids)
             input_ids.extend(s.token_ids)
             positions.extend(range(first, last))
@@ -195,14 +196,14 @@ class ModelRunner:
                                            starts[-1] + len(s.token_ids), s.pooling))
             starts.append(starts[-1] + len(s.token_ids))
             seq_lens.append(last)
-            tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            table_rows.append(blocks + [0] * (width - len(blocks)))
             if s.sampling is not None:
                 sample_rows.append(starts[-1] - 1)
                 sampling.append(s.sampling)
                 generators.append(self._generator(s.request_id, s.sampling.params.seed))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=tables,
+            block_tables=torch.tensor(table_rows, dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         )
