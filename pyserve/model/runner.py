@@ -196,7 +196,7 @@ class ModelRunner:
                                            starts[-1] + len(s.token_ids), s.pooling))
             starts.append(starts[-1] + len(s.token_ids))
             seq_lens.append(last)
-            table_rows.append(blocks + [0] * (width - len(blocks)))
+            table_rows.append(list(blocks) + [0] * (width - len(blocks)))
             if s.sampling is not None:
                 sample_rows.append(starts[-1] - 1)
                 sampling.append(s.sampling)
