@@ -58,3 +58,31 @@ def test_silu_and_mul():
     out = torch.empty(6, 1536)
     _native.silu_and_mul(out, x)
     torch.testing.assert_close(out, F.silu(x[:, :1536]) * x[:, 1536:], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,hidden", [(16, 576), (64, 1536)])
+def test_a_batch_split_over_threads_gives_each_row_what_it_gets_alone(rows, hidden):
+    # a decode batch's rows are shared among the threads (a few thousand elements each):
+    # every row must come out bitwise as it does when it is the only row of its call
+    gen = torch.Generator().manual_seed(hidden)
+    x, residual = torch.randn(rows, hidden, generator=gen), torch.randn(rows, hidden, generator=gen)
+    weight = torch.rand(hidden, generator=gen) + 0.5
+    gate_up = torch.randn(rows, 2 * hidden, generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        normed, act = torch.empty_like(x), torch.empty(rows, hidden)
+        _native.rms_norm(normed, x, weight, 1e-5)
+        _native.silu_and_mul(act, gate_up)
+        fused_x, fused_res = x.clone(), residual.clone()
+        _native.fused_add_rms_norm(fused_x, fused_res, weight, 1e-5)
+        for r in range(rows):
+            one, one_act = torch.empty(1, hidden), torch.empty(1, hidden)
+            _native.rms_norm(one, x[r:r + 1].clone(), weight, 1e-5)
+            _native.silu_and_mul(one_act, gate_up[r:r + 1].clone())
+            one_x, one_res = x[r:r + 1].clone(), residual[r:r + 1].clone()
+            _native.fused_add_rms_norm(one_x, one_res, weight, 1e-5)
+            assert torch.equal(normed[r], one[0]) and torch.equal(act[r], one_act[0])
+            assert torch.equal(fused_x[r], one_x[0]) and torch.equal(fused_res[r], one_res[0])
+    finally:
+        torch.set_num_threads(threads)
