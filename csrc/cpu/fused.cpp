@@ -31,14 +31,6 @@ void rms_norm_row(T* out, const T* x, const T* weight, int64_t n, float eps) {
                             static_cast<float>(static_cast<T>(static_cast<float>(x[i]) * inv)));
 }
 
-// Rows per thread's share: a few thousand elements at least, so that a decode batch's rows
-// (16 of SmolLM2's 576 to 1,536 columns: 5-7 us on one core) are split over the cores
-// while one row, whose fork and join would cost more than the row, stays on the caller.
-int64_t rows_grain(int64_t row_elements) {
-  constexpr int64_t kElements = 4096;
-  return std::max<int64_t>(1, kElements / std::max<int64_t>(1, row_elements));
-}
-
 void check_rows(const at::Tensor& t, const char* op) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), op, ": contiguous CPU tensors expected");
 }

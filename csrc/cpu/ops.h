@@ -4,10 +4,21 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 
 namespace pyserve::cpu {
+
+// The grain (rows per thread's share) of a row-wise op's at::parallel_for: a few thousand
+// elements at least, so that a decode batch's rows (16 of SmolLM2's 384 to 1,536 elements:
+// 5-7 us on one core) are split over the cores while one row, whose fork and join would cost
+// more than the row, stays on the caller.
+inline int64_t rows_grain(int64_t row_elements) {
+  constexpr int64_t kElements = 4096;
+  return std::max<int64_t>(1, kElements / std::max<int64_t>(1, row_elements));
+}
 
 // The KV cache's dtype beside keys and queries of `type`: the same, or, under float32, a
 // bfloat16, float16 or float8 e5m2 cache (--kv-cache-dtype), rounded to nearest even as it is
