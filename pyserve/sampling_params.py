@@ -85,6 +85,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None  # the output's grammar
+    # the most tokens the reasoning (between the reasoning parser's <think> and </think>) may
+    # take before </think> is forced; None (or -1, vLLM's "no budget"): unlimited
+    thinking_token_budget: int | None = None
     # vLLM's per-request extension arguments (the server's `vllm_xargs`); the keys pyserve
     # reads are EXTRA_ARGS' (any other is refused, never ignored)
     extra_args: dict | None = None
@@ -111,6 +114,8 @@ class SamplingParams:
                 raise InvalidRequest("guided_decoding", "give structured_outputs or guided_decoding "
                                      "(its older name), not both")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if self.thinking_token_budget == -1:
+            self.thinking_token_budget = None
         if self.logit_bias:  # JSON object keys arrive as strings
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -144,6 +149,10 @@ class SamplingParams:
         need(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
              f"must be at least 1, got {self.max_tokens}")
         need(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}")
+        need(self.thinking_token_budget is None or (
+            isinstance(self.thinking_token_budget, int) and not isinstance(self.thinking_token_budget, bool)
+            and self.thinking_token_budget >= 0),
+             "thinking_token_budget", f"must be -1 (none) or non-negative, got {self.thinking_token_budget}")
         need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}")
         need(all(isinstance(s, str) and s for s in self.stop_strings), "stop",

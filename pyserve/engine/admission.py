@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
+from pyserve.engine.thinking_budget import ThinkingBudget
 from pyserve.errors import InvalidRequest
 from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.sampling_params import RequestOutputKind, SamplingParams
@@ -153,6 +154,10 @@ class Admission:
         if priority != 0 and not self.limits.priority_scheduling:
             raise InvalidRequest("priority", f"priority {priority} was given, but priority "
                                  "scheduling is not enabled (--scheduling-policy priority)")
+        if params.thinking_token_budget is not None and self.reasoning_markers is None:
+            raise InvalidRequest("thinking_token_budget", "thinking_token_budget needs a reasoning "
+                                 "model: start the server with --reasoning-parser (whose <think> "
+                                 "and </think> are each one token of this tokenizer)")
         compiled = None
         if params.structured_outputs is not None:
             if self.grammars is None:
@@ -172,6 +177,9 @@ class Admission:
             if compiled is not None:
                 child.matcher = self.grammars.matcher(compiled)
                 child.grammar_after = self._reasoning_end(prompt_token_ids)
+            if params.thinking_token_budget is not None:
+                child.thinking = ThinkingBudget(params.thinking_token_budget,
+                                                *self.reasoning_markers, prompt_token_ids)
             children.append(child)
         return RequestGroup(request_id, children, staged=self.staged)
 

@@ -8,8 +8,8 @@ the step the scheduler would schedule next for those sequences:
 
   - every sequence of the running step samples its next token (a decode, or a prompt's last
     chunk) and has no drafts, prompt logprobs or pooling;
-  - none is under a grammar or penalized (their next inputs depend on the token being
-    sampled);
+  - none is under a grammar or a thinking budget, or penalized (their next inputs depend on
+    the token being sampled);
   - nothing waits to be admitted (a waiting request's prefill would join the next step), and
     every running request is in the running step (the next one would take them all);
   - the step is small (MAX_CONTINUED_SEQUENCES), where the gap it hides matters;
@@ -62,7 +62,7 @@ def _continued(request, seq: ScheduledSequence, requests) -> bool:
     if (seq.sampling is None or seq.draft_token_ids or seq.prompt_logprobs is not None
             or seq.pooling is not None):
         return False
-    return (request.matcher is None and request.pooling is None
+    return (request.matcher is None and request.thinking is None and request.pooling is None
             and not request.params.penalized
             # n > 1: siblings staged behind the first completion join when it has sampled
             and not requests.group_of(request).pending

@@ -39,7 +39,7 @@ from pyserve.kv.manager import KVCacheManager
 from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
-from pyserve.structured.bitmask import fill_bitmask
+from pyserve.structured.bitmask import allow_only, allowing_all, fill_bitmask
 from pyserve.structured.compiler import GrammarCompiler, reasoning_markers
 from pyserve.tokenizer.tokenizer import load_tokenizer
 
@@ -216,6 +216,7 @@ class EngineCore:
         step = self.scheduler.schedule()
         t = now()
         matchers, row = {}, 0  # sampled row -> the grammar constraining it
+        forced = {}  # sampled row -> the one token it may be (a spent thinking budget)
         for seq in step.sequences:
             request = self.requests.child(seq.request_id)
             self.stats.on_scheduled(request, t)
@@ -223,10 +224,16 @@ class EngineCore:
                 if (request.matcher is not None and request.grammar_after is None
                         and not request.matcher.is_terminated()):
                     matchers[row] = request.matcher
+                token = request.thinking.forced_token() if request.thinking is not None else None
+                if token is not None:
+                    forced[row] = token
                 row += 1
-        if matchers:
-            step.grammar_bitmask = fill_bitmask(matchers, row, self.vocab_size)
-            step.constrained_rows = sorted(matchers)
+        if matchers or forced:
+            step.grammar_bitmask = (fill_bitmask(matchers, row, self.vocab_size) if matchers
+                                    else allowing_all(row, self.vocab_size))
+            for forced_row, token in forced.items():
+                allow_only(step.grammar_bitmask, forced_row, token)
+            step.constrained_rows = sorted(matchers.keys() | forced.keys())
         self._draft_masks(step)
         return step
 

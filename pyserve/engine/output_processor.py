@@ -70,6 +70,8 @@ class OutputProcessor:
             request.logprobs.append(entry)
             request.cumulative_logprob += entry[token].logprob
         append_token(request, token, self.max_model_len)
+        if request.thinking is not None:
+            request.thinking.accept(token)
         matcher = request.matcher
         if request.grammar_after is not None:  # still reasoning: the grammar waits
             if token == request.grammar_after:

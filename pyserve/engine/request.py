@@ -55,6 +55,8 @@ class Request:
         self.matcher = None
         # with a reasoning model, the grammar starts after this token (the end of thinking)
         self.grammar_after: int | None = None
+        # thinking_token_budget's ThinkingBudget (engine/thinking_budget.py), or None
+        self.thinking = None
         # speculative decoding: drafts to propose next (None: the configured number), and the
         # output length at which a paused request (lookahead 0) tries again
         self.lookahead: int | None = None

@@ -78,10 +78,12 @@ def _verifiable(request: Request) -> bool:
     """Its next tokens depend on the logits alone, which verification reads (greedily, or by
     rejection sampling, under the grammar's masks if it has one): no penalties (their
     history moves along the drafts), logit bias, EOS ban (min_tokens) or reasoning that may
-    end inside the drafts (the grammar would start there) in the way."""
+    end inside the drafts (the grammar would start there) or a thinking budget (a draft could
+    run past it) in the way."""
     p = request.params
     return (not p.penalized and not p.logit_bias
             and (request.matcher is None or request.grammar_after is None)
+            and request.thinking is None
             and request.pooling is None
             and len(request.output_token_ids) >= p.min_tokens)
 

@@ -79,6 +79,8 @@ def _sampling(facts) -> dict:
         "seed": INT64, "stop": _STOP,
         "stop_token_ids": {"type": "array", "items": _int(0), "maxItems": _MAX_STOP},
         "ignore_eos": BOOL, "min_tokens": _int(0),
+        # -1: none; a budget also needs --reasoning-parser (a 400 without it)
+        "thinking_token_budget": {"anyOf": [{"const": -1}, _int(0)]},
         "logit_bias": {"type": "object", "propertyNames": {"pattern": r"^\s*[+-]?[0-9]+\s*$"},
                        "additionalProperties": NUMBER},
         "skip_special_tokens": BOOL, "include_stop_str_in_output": BOOL,

@@ -18,6 +18,18 @@ def fill_bitmask(matchers: dict[int, object], num_rows: int, vocab_size: int) ->
     return bitmask
 
 
+def allowing_all(num_rows: int, vocab_size: int) -> torch.Tensor:
+    """A bitmask of num_rows rows that allow every token (xgrammar's allocation, without it)."""
+    return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def allow_only(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Row `row` of the bitmask allows `token` alone."""
+    bitmask[row].zero_()
+    bit = 1 << (token % 32)
+    bitmask[row, token // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit  # int32's two's complement
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Sets the logits of disallowed tokens to -inf, in place, in the given rows (bitmask and
     logits rows align)."""

@@ -147,6 +147,7 @@ def test_a_stop_string_ends_a_beam(client):
     ({"min_tokens": 2}, "min_tokens"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"thinking_token_budget": 8}, "thinking_token_budget"),
     ({"structured_outputs": {"regex": "[a-z]+"}}, "structured_outputs"),
     ({"n": 11}, "n"),  # 2 x 11 logprobs a step, past --max-logprobs 20 (vLLM refuses it too)
     ({"max_tokens": 600}, "max_tokens"),

@@ -128,6 +128,7 @@ REFUSED = [  # each one a body the route answers with a 400, the bound stated in
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}),
     ("/v1/completions", {"prompt": "x", "stop": ["s"] * 65}),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 2.5}),
+    ("/v1/completions", {"prompt": "x", "thinking_token_budget": -2}),
     ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}),
     ("/score", {"text_1": "a", "text_2": []}),
     ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}),

@@ -123,13 +123,21 @@ def test_default_chat_template_kwargs_under_the_requests(tiny_model_factory):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("thinking_token_budget", 16), ("repetition_detection", {"max_pattern_size": 4}),
+    ("repetition_detection", {"max_pattern_size": 4}),
     ("logprob_token_ids", [1, 2]), ("return_prompt_text", True), ("watermarking", {"key": 1}),
     ("media_io_kwargs", {"image": {}}), ("ec_transfer_params", {"a": 1}), ("tools", []),
 ])
 def test_newer_vllm_fields_that_change_the_answer_are_refused_by_name(ask, field, value):
     status, out = ask("/v1/chat/completions", {"messages": LONG, "max_tokens": 2, field: value})
     assert status == 400 and out["error"]["param"] == field, out
+
+
+def test_a_thinking_budget_without_a_reasoning_parser_is_refused_by_name(ask):
+    """It is enforced with --reasoning-parser (tests/e2e/test_thinking_budget.py)."""
+    status, out = ask("/v1/chat/completions", {"messages": LONG, "max_tokens": 2,
+                                               "thinking_token_budget": 16})
+    assert status == 400 and out["error"]["param"] == "thinking_token_budget", out
+    assert "--reasoning-parser" in out["error"]["message"]
 
 
 def test_fields_that_change_nothing_are_taken(ask):

@@ -27,6 +27,7 @@ _COMMON = {
     "guided_decoding_backend", "guided_whitespace_pattern", "best_of", "allowed_token_ids", "bad_words",
     "truncation_side", "return_token_ids", "return_tokens_as_token_ids", "vllm_xargs",
     "use_beam_search", "length_penalty",  # vLLM's beam search (engine/beam_search.py)
+    "thinking_token_budget",  # with --reasoning-parser (engine/thinking_budget.py)
 }
 IMPLEMENTED = {
     "completions": _COMMON | {"prompt", "echo", "suffix"},
@@ -51,7 +52,7 @@ REFUSED_UNLESS_DEFAULT = {
     "web_search_options": None, "processed_prompt": None,
     "moderation": None,  # no moderation model here
     # newer vLLM's sampling and transfer fields that change the answer
-    "thinking_token_budget": -1, "repetition_detection": None, "logprob_token_ids": None,
+    "repetition_detection": None, "logprob_token_ids": None,
     "return_prompt_text": False, "watermarking": None, "media_io_kwargs": None,
     "ec_transfer_params": None,
 }

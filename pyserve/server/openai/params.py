@@ -18,7 +18,7 @@ _FIELDS = {"n": int, "temperature": float, "top_p": float, "top_k": int, "min_p"
            "seed": int, "stop": (str, list), "stop_token_ids": list, "ignore_eos": bool,
            "min_tokens": int, "logit_bias": dict, "skip_special_tokens": bool,
            "include_stop_str_in_output": bool, "spaces_between_special_tokens": bool,
-           "prompt_logprobs": int}
+           "prompt_logprobs": int, "thinking_token_budget": int}
 
 # Fields vLLM answers with a different output that pyserve does not implement: refused, never
 # silently ignored. (Structured outputs are read by server/openai/structured.py.)
@@ -133,7 +133,7 @@ def sampling_params(body: dict, logprobs: int | None, stream: bool, chat: bool,
 _NOT_WITH_BEAMS = {"top_p": (float, (1.0,)), "top_k": (int, (0, -1)), "min_p": (float, (0.0,)),
                    "presence_penalty": (float, (0.0,)), "frequency_penalty": (float, (0.0,)),
                    "repetition_penalty": (float, (1.0,)), "min_tokens": (int, (0,)),
-                   "prompt_logprobs": (int, ())}
+                   "prompt_logprobs": (int, ()), "thinking_token_budget": (int, (-1,))}
 
 
 def beam_search_params(body: dict, params: SamplingParams) -> SamplingParams | BeamSearchParams:
