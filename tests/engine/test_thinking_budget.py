@@ -107,3 +107,26 @@ def test_without_a_reasoning_parser_the_budget_is_refused(llm):
         llm.generate("Hi", SamplingParams(max_tokens=3, thinking_token_budget=5))
     assert exc.value.param == "thinking_token_budget"
     assert not llm.engine.has_unfinished()
+
+
+def test_speculation_leaves_a_budgeted_request_as_it_was(default_model_dir, llm, markers):
+    """Drafts could run past the budget: a budgeted request takes none, and its tokens are
+    those of the engine that does not speculate."""
+    tok, start, end = markers
+    speculating = LLM(str(default_model_dir), kv_cache_memory="64MiB", max_model_len=512,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    speculating.engine.admission.reasoning_markers = (start, end)
+    prompt = tok.encode("one two three four five six seven one two three four five six seven Hmm one two",
+                        add_special_tokens=False)  # two tokens of reasoning already
+    for budget in range(2, 10):  # the budget runs out at each place in and between drafts
+        params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True,
+                                thinking_token_budget=budget)
+        want = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+        assert want[budget - 2] == end
+        got = speculating.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+        assert got == want, budget
+    free = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    speculating.generate({"prompt_token_ids": prompt}, free)
+    assert speculating.engine.stats.spec_draft_tokens > 0  # it does speculate on this prompt
+    speculating.shutdown()
