@@ -155,9 +155,9 @@ class Admission:
             raise InvalidRequest("priority", f"priority {priority} was given, but priority "
                                  "scheduling is not enabled (--scheduling-policy priority)")
         if params.thinking_token_budget is not None and self.reasoning_markers is None:
-            raise InvalidRequest("thinking_token_budget", "thinking_token_budget needs a reasoning "
-                                 "model: start the server with --reasoning-parser (whose <think> "
-                                 "and </think> are each one token of this tokenizer)")
+            raise InvalidRequest("thinking_token_budget", "thinking_token_budget needs "
+                                 "--reasoning-parser, on a model whose tokenizer has its <think> "
+                                 "and </think> as one token each")
         compiled = None
         if params.structured_outputs is not None:
             if self.grammars is None:
