@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pyserve.engine.request import Request
 from pyserve.engine.request_group import RequestGroup
-from pyserve.engine.thinking_budget import ThinkingBudget
+from pyserve.engine.thinking_budget import ThinkingBudget, last_index
 from pyserve.errors import InvalidRequest
 from pyserve.kv.groups import KVGroups, sequence_blocks
 from pyserve.sampling_params import RequestOutputKind, SamplingParams
@@ -109,10 +109,6 @@ def _check_logprobs(n: int, max_tokens: int, params: SamplingParams, limits: Lim
                                  "fewer or score a shorter prompt")
 
 
-def _last(ids: list[int], token: int) -> int:
-    return max((i for i, t in enumerate(ids) if t == token), default=-1)
-
-
 class Admission:
     def __init__(self, limits: Limits, eos_token_ids: tuple[int, ...], tokenizer,
                  staged_siblings: bool, grammars=None,
@@ -139,7 +135,7 @@ class Admission:
         if self.reasoning_markers is None:
             return None
         start, end = self.reasoning_markers
-        closed = _last(prompt_token_ids, end) > _last(prompt_token_ids, start)
+        closed = last_index(prompt_token_ids, end) > last_index(prompt_token_ids, start)
         return None if closed else end
 
     def admit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

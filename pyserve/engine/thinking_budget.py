@@ -17,8 +17,8 @@ class ThinkingBudget:
     def __init__(self, budget: int, start: int, end: int, prompt_token_ids: list[int]):
         """budget: thinking_token_budget (>= 0); start, end: the reasoning markers' token ids."""
         self.budget, self.start, self.end = budget, start, end
-        last_start = _last(prompt_token_ids, start)
-        self.thinking = last_start > _last(prompt_token_ids, end)
+        last_start = last_index(prompt_token_ids, start)
+        self.thinking = last_start > last_index(prompt_token_ids, end)
         self.count = len(prompt_token_ids) - last_start - 1 if self.thinking else 0
 
     def forced_token(self) -> int | None:
@@ -36,7 +36,8 @@ class ThinkingBudget:
             self.count += 1
 
 
-def _last(ids: list[int], token: int) -> int:
+def last_index(ids: list[int], token: int) -> int:
+    """Where token last occurs in ids; -1 if nowhere."""
     for i in range(len(ids) - 1, -1, -1):
         if ids[i] == token:
             return i
