@@ -10,6 +10,7 @@ from pyserve import LLM, SamplingParams
 from pyserve.engine.thinking_budget import ThinkingBudget
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import StructuredOutputsParams
+from pyserve.structured.bitmask import allow_only, allowing_all
 
 START, END = 7, 9  # the tracker's unit tests' markers
 
@@ -30,6 +31,14 @@ def test_the_tracker_counts_from_the_last_start_in_the_prompt_and_the_output():
     closed = ThinkingBudget(0, START, END, [START, 5, END, 6])  # enable_thinking false
     assert not closed.thinking and closed.forced_token() is None
     assert ThinkingBudget(0, START, END, [1, START]).forced_token() == END  # nothing allowed
+
+
+@pytest.mark.parametrize("token", [0, 31, 63, 99])  # 31 and 63: an int32 word's sign bit
+def test_a_forced_row_allows_its_token_alone(token):
+    mask = allowing_all(2, 100)
+    allow_only(mask, 1, token)
+    allowed = [w * 32 + b for w in range(mask.shape[1]) for b in range(32) if int(mask[1, w]) >> b & 1]
+    assert allowed == [token] and (mask[0] == -1).all()
 
 
 def test_the_budget_must_be_minus_one_or_non_negative():
