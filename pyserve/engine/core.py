@@ -39,7 +39,7 @@ from pyserve.kv.manager import KVCacheManager
 from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
-from pyserve.structured.bitmask import allow_only, allowing_all, fill_bitmask
+from pyserve.structured.bitmask import allow_only, fill_bitmask
 from pyserve.structured.compiler import GrammarCompiler, reasoning_markers
 from pyserve.tokenizer.tokenizer import load_tokenizer
 
@@ -229,8 +229,7 @@ class EngineCore:
                     forced[row] = token
                 row += 1
         if matchers or forced:
-            step.grammar_bitmask = (fill_bitmask(matchers, row, self.vocab_size) if matchers
-                                    else allowing_all(row, self.vocab_size))
+            step.grammar_bitmask = fill_bitmask(matchers, row, self.vocab_size)
             for forced_row, token in forced.items():
                 allow_only(step.grammar_bitmask, forced_row, token)
             step.constrained_rows = sorted(matchers.keys() | forced.keys())

@@ -10,16 +10,15 @@ import torch
 def fill_bitmask(matchers: dict[int, object], num_rows: int, vocab_size: int) -> torch.Tensor:
     """[num_rows, ceil(vocab / 32)] int32 for a step's sampled rows: row i holds what matcher
     matchers[i] allows next; rows without a matcher allow every token (and are not applied)."""
-    import xgrammar as xgr
-
-    bitmask = xgr.allocate_token_bitmask(num_rows, vocab_size)  # all allowed
+    bitmask = allowing_all(num_rows, vocab_size)
     for row, matcher in matchers.items():
         matcher.fill_next_token_bitmask(bitmask, row)
     return bitmask
 
 
 def allowing_all(num_rows: int, vocab_size: int) -> torch.Tensor:
-    """A bitmask of num_rows rows that allow every token (xgrammar's allocation, without it)."""
+    """A bitmask of num_rows rows that allow every token (what xgrammar's allocate_token_bitmask
+    makes)."""
     return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
