@@ -21,7 +21,7 @@ from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_NUMBER_TEXT
 logger = logging.getLogger("pyserve")
 
 _INT64 = (-2**63, 2**63 - 1)
-_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)  # the spaces int() strips: not \x1c-\x1f
 _TRUE, _FALSE = ("true", "t", "yes", "y", "on", "1"), ("false", "f", "no", "n", "off", "0")
 _SHOWN = 40  # characters of a refused string quoted in an error
 

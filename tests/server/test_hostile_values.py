@@ -164,6 +164,14 @@ def test_int_fields_past_64_bits_or_booleans(server, name, value):
     refused(server, C, body, name)
 
 
+@pytest.mark.parametrize("name", ["max_tokens", "seed", "thinking_token_budget"])
+def test_int_text_with_a_separator_int_does_not_strip(server, name):
+    # "\x1e" is whitespace to str.isspace and a regex's \s, but int() refuses it (found by
+    # tests/fuzz/fuzz_requests.py): a 400 naming the field, not a 500
+    body = f'{{"prompt": "a", "max_tokens": 1, "{name}": "5\\u001e"}}'.encode()
+    refused(server, C, body, name)
+
+
 @pytest.mark.parametrize("name, value", [("max_tokens", 2**62), ("n", 2**62), ("best_of", 2**62),
                                          ("logprobs", 2**62), ("min_tokens", 2**62),
                                          ("truncate_prompt_tokens", 2**62),
