@@ -48,13 +48,17 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     vocab, max_len = limits.vocab_size, limits.max_model_len
     if n == 0:
         raise InvalidRequest("prompt", "The decoder prompt cannot be empty")  # vLLM's words
-    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-    if bad is not None:  # vLLM's wording, which clients match on
-        raise InvalidRequest("prompt", f"Token id {bad} is out of vocabulary (token ids must "
-                             f"lie in [0, {vocab}))")
+    # the length before the ids (vLLM reads the ids first): a prompt of megabytes is refused
+    # without a walk over it on the event loop, so what is walked is at most max_model_len
     if n >= max_len:
         raise InvalidRequest("max_tokens", f"This model's maximum context length is {max_len} "
                              f"tokens. However, your prompt has {n} tokens. Please shorten the prompt.")
+    # min and max are C loops, the Python walk only finds the bad id to name
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+        bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
+        # vLLM's wording, which clients match on
+        raise InvalidRequest("prompt", f"Token id {bad} is out of vocabulary (token ids must "
+                             f"lie in [0, {vocab}))")
     max_tokens = params.max_tokens if params.max_tokens is not None else max_len - n
     if n + max_tokens > max_len:
         raise InvalidRequest("max_tokens", f"This model's maximum context length is {max_len} "

@@ -3,7 +3,8 @@
 Templates come from model repositories, so they are untrusted code: they run in Jinja's
 immutable sandbox, with the environment transformers gives them (trim_blocks, lstrip_blocks,
 loop controls, a `tojson` that keeps non-ASCII text, `raise_exception`, `strftime_now`, and
-`dict`/`namespace` that cannot reach Python internals). Only what a plain conversation needs
+`dict`/`namespace` that cannot reach Python internals), and within a time and output-size
+budget (template_budget.py: a runaway template is a TemplateError). Only what a plain conversation needs
 is here; the tokenizer hands anything else (tools, documents, continued final messages,
 `{% generation %}` tracking) to transformers itself."""
 
@@ -41,9 +42,10 @@ def needs_transformers(template: str) -> bool:
 def compile_template(template: str):
     import jinja2
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    from pyserve.tokenizer.template_budget import BudgetedEnvironment
+
+    env = BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -86,7 +88,27 @@ def compile_template(template: str):
     return env.from_string(template)
 
 
-def render(template: str, messages: list[dict], add_generation_prompt: bool, variables: dict) -> str:
+def render(template: str, messages: list[dict], add_generation_prompt: bool, variables: dict,
+           tools: list | None = None, documents: list | None = None) -> str:
     """messages: plain data, each a dict whose None values are already dropped."""
-    return compile_template(template).render(messages=messages, tools=None, documents=None,
-                                             add_generation_prompt=add_generation_prompt, **variables)
+    from pyserve.tokenizer.template_budget import render_within_budget
+
+    return render_within_budget(compile_template(template),
+                                {"messages": messages, "tools": tools, "documents": documents,
+                                 "add_generation_prompt": add_generation_prompt, **variables})
+
+
+def check_budget(template: str, messages: list[dict], add_generation_prompt: bool,
+                 variables: dict, tools: list | None, documents: list | None) -> None:
+    """The render transformers is about to do (in its own sandbox, which has no budget), done
+    here first with the output dropped: a template that runs past the budget raises its
+    TemplateBudgetError here. Any other error is transformers' to report in its own words
+    (its environment differs in details: `{% generation %}`, how it prepares messages)."""
+    from pyserve.tokenizer.template_budget import TemplateBudgetError
+
+    try:
+        render(template, messages, add_generation_prompt, variables, tools, documents)
+    except TemplateBudgetError:
+        raise
+    except Exception:
+        pass

@@ -24,6 +24,10 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 _REWRITING_KEYS = ("add_bos_token", "add_eos_token", "additional_special_tokens",
                    "extra_special_tokens", "split_special_tokens", "add_prefix_space")
 # apply_chat_template arguments only transformers handles
+# Texts (and id lists) at least this long are handed to the backend's batch calls, which let
+# go of Python's global lock while they work: its single-text encode and decode keep it, so a
+# 2 MB prompt tokenized in a worker thread froze the event loop for seconds.
+RELEASE_LOCK_LENGTH = 4096
 _TRANSFORMERS_ONLY_ARGS = ("tools", "documents", "continue_final_message", "padding", "truncation",
                            "max_length", "return_tensors", "return_assistant_tokens_mask",
                            "tokenizer_kwargs", "sanitize_control_tokens")
@@ -128,14 +132,21 @@ class FastTokenizer:
         if kwargs:
             return self.transformers_tokenizer().encode(text, add_special_tokens=add_special_tokens,
                                                         **kwargs)
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._encode_ids(text, add_special_tokens)
+
+    def _encode_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) < RELEASE_LOCK_LENGTH:
+            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # the same ids; _fast: without the character offsets nobody here reads
+        return self._tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs) -> str:
         if kwargs.get("clean_up_tokenization_spaces"):
             return self.transformers_tokenizer().decode(token_ids, skip_special_tokens, **kwargs)
-        if isinstance(token_ids, int):
-            token_ids = [token_ids]
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        token_ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
+        if len(token_ids) < RELEASE_LOCK_LENGTH:
+            return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self._tokenizer.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
 
     def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
         if isinstance(ids, int):
@@ -153,14 +164,12 @@ class FastTokenizer:
                             return_dict: bool = True, **kwargs):
         """transformers' apply_chat_template for one conversation of plain messages; anything
         else is handed to transformers."""
-        template = chat_template if chat_template is not None else self.chat_template
-        messages = self._plain_messages(conversation)
-        if (messages is None or any(kwargs.get(a) for a in _TRANSFORMERS_ONLY_ARGS)
-                or not templates.is_plain_data(kwargs)
-                or (template is not None and templates.needs_transformers(template))):
+        if not self.renders_chat_itself(conversation, chat_template, kwargs):
             return self.transformers_tokenizer().apply_chat_template(
                 conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                 tokenize=tokenize, return_dict=return_dict, **kwargs)
+        template = chat_template if chat_template is not None else self.chat_template
+        messages = self._plain_messages(conversation)
         if template is None:
             raise ValueError("this tokenizer has no chat template; pass chat_template")
         for name in _TRANSFORMERS_ONLY_ARGS:
@@ -169,8 +178,17 @@ class FastTokenizer:
                                 {**self.special_tokens_map, **kwargs})
         if not tokenize:
             return text
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        ids = self._encode_ids(text, add_special_tokens=False)
         return {"input_ids": ids, "attention_mask": [1] * len(ids)} if return_dict else ids
+
+    def renders_chat_itself(self, conversation, chat_template: str | None, kwargs: dict) -> bool:
+        """Whether apply_chat_template renders this itself (within pyserve's template budget)
+        rather than handing it to transformers."""
+        template = chat_template if chat_template is not None else self.chat_template
+        return (self._plain_messages(conversation) is not None
+                and not any(kwargs.get(a) for a in _TRANSFORMERS_ONLY_ARGS)
+                and templates.is_plain_data(kwargs)
+                and not (template is not None and templates.needs_transformers(template)))
 
     @staticmethod
     def _plain_messages(conversation) -> list[dict] | None:

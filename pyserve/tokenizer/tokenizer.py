@@ -49,6 +49,10 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
     if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise ValueError("this model's tokenizer has no chat template: start the server with "
                          "--chat-template, or send a plain prompt to /v1/completions")
+    renders_itself = getattr(tokenizer, "renders_chat_itself", None)
+    if renders_itself is None or not renders_itself(messages, chat_template, template_kwargs):
+        _check_budget_for_transformers(tokenizer, messages, add_generation_prompt, chat_template,
+                                       template_kwargs)
     if add_special_tokens:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                              tokenize=False, chat_template=chat_template,
@@ -60,3 +64,23 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
     if hasattr(ids, "keys") and "input_ids" in ids:  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+# apply_chat_template arguments that are not template variables
+_NOT_VARIABLES = ("tools", "documents", "continue_final_message")
+
+
+def _check_budget_for_transformers(tokenizer, messages: list[dict], add_generation_prompt: bool,
+                                   chat_template: str | None, template_kwargs: dict) -> None:
+    """transformers' own render has no time or output budget: the same template is run in
+    pyserve's budgeted sandbox first (chat_template.check_budget)."""
+    from pyserve.tokenizer import chat_template as templates
+
+    tools, documents = template_kwargs.get("tools"), template_kwargs.get("documents")
+    try:  # the template transformers picks (a named "tool_use" one with tools)
+        template = tokenizer.get_chat_template(chat_template, tools)
+    except Exception:  # no usable template: transformers says so in its own words
+        return
+    variables = {**getattr(tokenizer, "special_tokens_map", {}),
+                 **{k: v for k, v in template_kwargs.items() if k not in _NOT_VARIABLES}}
+    templates.check_budget(template, messages, add_generation_prompt, variables, tools, documents)

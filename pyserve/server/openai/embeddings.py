@@ -144,8 +144,8 @@ class OpenAIServingEmbedding:
                                f"{MAX_INPUTS} may be embedded in one request", "messages")
             chat = dict(body)
             chat.setdefault("add_generation_prompt", False)  # vLLM's default for embeddings
-            return [(None, await self.serving._chat_prompt({**chat, "messages": m}, None,
-                                                           off_loop=len(batch) > 1)) for m in batch]
+            return [(None, await self.serving._chat_prompt({**chat, "messages": m}, None))
+                    for m in batch]
         if isinstance(raw, str) or (isinstance(raw, list) and raw and _token_list(raw)):
             items = [raw]
         elif isinstance(raw, list) and raw:

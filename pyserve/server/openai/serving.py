@@ -112,8 +112,9 @@ def _json(obj) -> Response:
 
 
 # Texts longer than this are tokenized in a worker thread, so one huge prompt cannot stall
-# the event loop for every other client.
-_OFF_LOOP_CHARS = 20_000
+# the event loop for every other client (a millisecond or two of encoding at most on it; the
+# tokenizer lets go of Python's lock for longer texts: tokenizer/fast.py).
+_OFF_LOOP_CHARS = 4096
 # A structured-output grammar that takes longer to compile is refused (a 400); its compile
 # finishes in the background and is cached.
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
@@ -136,10 +137,16 @@ class OpenAIServing:
         self.defaults = engine.generation_defaults  # the model's generation_config.json
 
     async def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if len(text) < _OFF_LOOP_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return await self.off_loop_if_long(
+            len(text), lambda: self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    @staticmethod
+    async def off_loop_if_long(length: int, work):
+        """work() (tokenizing or detokenizing `length` characters or ids): on the loop when
+        short, where a thread's hand-off would cost more than the work, else in a worker."""
+        if length < _OFF_LOOP_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(None, work)
 
     # -- request parsing -----------------------------------------------------------------------
     def parse_body(self, request: Request) -> dict:
@@ -208,13 +215,13 @@ class OpenAIServing:
         return {**dict(self.config.default_chat_template_kwargs), **template_kwargs(body)}
 
     async def _chat_prompt(self, body: dict, tools: list | None, max_tokens: int | None = None,
-                           off_loop: bool = False, drop_old_turns: bool = False) -> list[int]:
-        """The conversation rendered and tokenized; off the event loop when it is long, or
-        when off_loop asks (a caller rendering many small ones in a row). drop_old_turns (the
-        Responses API's truncation "auto"): the fewest oldest exchanges are dropped for the
-        prompt to leave max_tokens (at least one) of room (fit_by_dropping_turns); the last
-        exchange is never cut."""
-        cleaned = template_messages(body)
+                           drop_old_turns: bool = False) -> list[int]:
+        """The conversation rendered and tokenized, always off the event loop: reading the
+        messages walks every part and tool call, and a template (the model's, or a request's
+        own) may loop for as long as its budget lets it (tokenizer/template_budget.py), however
+        short the content. drop_old_turns (the Responses API's truncation "auto"): the fewest
+        oldest exchanges are dropped for the prompt to leave max_tokens (at least one) of room
+        (fit_by_dropping_turns); the last exchange is never cut."""
         kwargs = self._template_kwargs(body)
         own = field(body, "chat_template", str)
         if own is not None and not self.config.trust_request_chat_template:
@@ -245,13 +252,14 @@ class OpenAIServing:
             whole = render
             render = lambda messages: fit_by_dropping_turns(  # noqa: E731
                 messages, whole, lambda ids: len(ids) <= room)
-        try:
-            if not off_loop and sum(len(m["content"]) for m in cleaned) < _OFF_LOOP_CHARS:
-                ids = render(cleaned)
-            else:
-                ids = await asyncio.get_running_loop().run_in_executor(None, render, cleaned)
-        except Exception as exc:  # template errors are the client's (or the model's) problem
-            raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
+
+        def prompt_ids() -> list[int]:
+            cleaned = template_messages(body)  # an APIError of its own
+            try:
+                return render(cleaned)
+            except Exception as exc:  # template errors are the client's (or the model's) problem
+                raise APIError(400, f"cannot apply the chat template: {exc}", "messages") from None
+        ids = await asyncio.get_running_loop().run_in_executor(None, prompt_ids)
         cut = self._truncation(body, max_tokens)
         return ids if cut is None else cut(ids)
 

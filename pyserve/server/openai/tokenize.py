@@ -27,8 +27,10 @@ class TokenizeRoutes:
                 raise APIError(400, "'prompt' (a string) or 'messages' is required", "prompt")
             add_special = field(body, "add_special_tokens", (bool,), True)
             tokens = await self.serving._encode(prompt, add_special)
-        strs = ([self.serving.tokenizer.convert_ids_to_tokens(t) for t in tokens]
-                if field(body, "return_token_strs", bool, False) else None)
+        strs = None
+        if field(body, "return_token_strs", bool, False):
+            strs = await self.serving.off_loop_if_long(
+                len(tokens), lambda: [self.serving.tokenizer.convert_ids_to_tokens(t) for t in tokens])
         return Response(200, orjson.dumps({"count": len(tokens), "tokens": tokens, "token_strs": strs,
                                            "max_model_len": self.serving.engine.max_model_len}))
 
@@ -36,7 +38,11 @@ class TokenizeRoutes:
         body = self.serving.parse_body(request)
         tokens = body.get("tokens")
         vocab = self.serving.engine.vocab_size
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+        if not isinstance(tokens, list):
             raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
-        return Response(200, orjson.dumps({"prompt": self.serving.tokenizer.decode(tokens)}))
+
+        def text() -> str:  # a check and a decode in proportion to the list: off the loop when long
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+                raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
+            return self.serving.tokenizer.decode(tokens)
+        return Response(200, orjson.dumps({"prompt": await self.serving.off_loop_if_long(len(tokens), text)}))
