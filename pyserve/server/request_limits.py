@@ -16,9 +16,14 @@ Each cap is far above what a real client sends:
     MAX_STOP_CHARS      characters of one stop string: every step scans that much text
     MAX_LOGIT_BIAS      logit_bias entries
     MAX_MESSAGES        messages (or Responses input items) in one conversation
-    MAX_CONTENT_PARTS   content parts over all messages of one conversation
+    MAX_CONTENT_PARTS   content parts (Anthropic content blocks, Responses parts) over all
+                        messages of one conversation, counted before any is read
+    MAX_TOOL_CALLS      tool calls over all messages of one conversation, counted before any
+                        call's arguments are parsed
     MAX_TOOLS           tools offered in one request
     MAX_DOCUMENTS       documents handed to a chat template
+    MAX_JSON_CONTAINERS objects and arrays in one request body, counted before it is parsed
+                        (json_size.py): parsing holds Python's lock for each of them
 """
 
 MAX_JSON_DEPTH = 64
@@ -30,5 +35,7 @@ MAX_STOP_CHARS = 1024
 MAX_LOGIT_BIAS = 2048
 MAX_MESSAGES = 10_000
 MAX_CONTENT_PARTS = 10_000
+MAX_TOOL_CALLS = 10_000
 MAX_TOOLS = 1024
 MAX_DOCUMENTS = 1024
+MAX_JSON_CONTAINERS = 100_000

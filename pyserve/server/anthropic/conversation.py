@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from pyserve.server.errors import APIError
+from pyserve.server.request_limits import MAX_CONTENT_PARTS
 from pyserve.server.values import brief, field
 
 # Claude Code (2.1.154 and later) also sends context as roles ctx and msg: user turns
@@ -17,6 +18,9 @@ _ROLES = {"user": "user", "assistant": "assistant", "ctx": "user", "msg": "user"
 # model, and left in it would make every prompt's first tokens new to the prefix cache
 BILLING_HEADER = "x-anthropic-billing-header:"
 _TEXT_ONLY = "this server's model takes text only"
+# a joined assistant turn's reasoning texts, kept apart until the end (_join_reasoning): not a
+# name any JSON message can hold
+_REASONING_PIECES = " reasoning pieces"
 
 
 def fail(param: str, message: str):
@@ -136,6 +140,16 @@ def _turn(i: int, message) -> list[dict]:
     return out
 
 
+def _check_block_count(system, messages: list) -> None:
+    """At most MAX_CONTENT_PARTS content blocks in all (system's included), counted before
+    any is read: reading 900,000 of them took seconds."""
+    lists = [system] + [m.get("content") for m in messages if isinstance(m, dict)]
+    blocks = sum(len(content) for content in lists if isinstance(content, list))
+    if blocks > MAX_CONTENT_PARTS:
+        fail("messages", f"may hold at most {MAX_CONTENT_PARTS} content blocks in all (system's "
+             f"included), got {blocks}")
+
+
 def _parts(content) -> list[dict]:
     """A chat message's content as text parts."""
     if isinstance(content, str):
@@ -148,14 +162,26 @@ def _extend(chat: list[dict], turn: list[dict]) -> None:
     assistant) joins it, as Anthropic combines consecutive turns of one role."""
     role = turn[0]["role"]
     if chat and chat[-1]["role"] == role and role in ("user", "assistant"):
+        # in place, in proportion to the turn joined (a list rebuilt on every turn made
+        # thousands of consecutive turns quadratic): the lists are this module's own
         last, first = chat[-1], turn.pop(0)
-        last["content"] = _parts(last["content"]) + _parts(first["content"])
+        last["content"] = _parts(last["content"])
+        last["content"] += _parts(first["content"])
         if first.get("tool_calls"):
-            last["tool_calls"] = last.get("tool_calls", []) + first["tool_calls"]
+            last.setdefault("tool_calls", []).extend(first["tool_calls"])
         if first.get("reasoning_content"):
-            last["reasoning_content"] = "\n".join(
-                filter(None, (last.get("reasoning_content"), first["reasoning_content"])))
+            earlier = last.get("reasoning_content")
+            last.setdefault(_REASONING_PIECES, [earlier] if earlier else []).append(
+                first["reasoning_content"])
     chat += turn
+
+
+def _join_reasoning(chat: list[dict]) -> None:
+    """The reasoning of joined assistant turns, joined once (_extend gathers it)."""
+    for message in chat:
+        pieces = message.pop(_REASONING_PIECES, None)
+        if pieces is not None:
+            message["reasoning_content"] = "\n".join(pieces)
 
 
 def _system_parts(content, where: str) -> list[dict]:
@@ -175,13 +201,15 @@ def _remind(chat: list[dict], parts: list[dict]) -> None:
     """A system message met mid-conversation: its text as user text where it stands (joined
     to a user message that ends the chat so far, else a user message of its own)."""
     if chat and chat[-1]["role"] == "user":
-        chat[-1]["content"] = _parts(chat[-1]["content"]) + parts
+        chat[-1]["content"] = _parts(chat[-1]["content"])
+        chat[-1]["content"] += parts
     else:
         chat.append({"role": "user", "content": parts})
 
 
 def conversation(system, messages: list) -> list[dict]:
     """The chat messages of a request's system and messages."""
+    _check_block_count(system, messages)
     leading = [] if system is None or system == "" or system == [] else _system_parts(system, "system")
     chat: list[dict] = []
     for i, message in enumerate(messages):
@@ -196,4 +224,5 @@ def conversation(system, messages: list) -> list[dict]:
         _extend(chat, _turn(i, message))
     if not chat:
         fail("messages", "must hold a user or assistant message")
+    _join_reasoning(chat)
     return ([{"role": "system", "content": leading}] if leading else []) + chat

@@ -13,7 +13,7 @@ from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_response
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.messages import tool_mode
-from pyserve.server.openai.serving import json_object
+from pyserve.server.openai.serving import json_object, off_loop_for_large_body
 
 logger = logging.getLogger("pyserve")
 
@@ -37,16 +37,16 @@ class AnthropicServing:
         """serving: the server's OpenAIServing."""
         self.serving = serving
 
-    def _request(self, request: Request, route: str) -> tuple[dict, list[str], bool]:
+    async def _request(self, request: Request, route: str) -> tuple[dict, list[str], bool]:
         """(the chat body, the stop sequences, whether thinking text is left out)."""
         raw = json_object(request)
-        body, stops = chat_body(raw, route)
+        body, stops = await off_loop_for_large_body(request, chat_body, raw, route)
         self.serving.check_model(body["model"])
         return body, stops, thinking_omitted(raw)
 
     async def messages(self, request: Request) -> Response | StreamingResponse:
         try:
-            body, stops, omitted = self._request(request, "messages")
+            body, stops, omitted = await self._request(request, "messages")
             result = await self.serving.chat_result(request, body)
             if not body.get("stream"):
                 return Response(200, orjson.dumps(message(result, stops, omitted)))
@@ -89,7 +89,7 @@ class AnthropicServing:
     async def count_tokens(self, request: Request) -> Response:
         """{"input_tokens": N}: the translated request's prompt as the chat template renders it."""
         try:
-            body, _, _ = self._request(request, "count_tokens")
+            body, _, _ = await self._request(request, "count_tokens")
             ids = await self.serving._chat_prompt(body, tool_mode(body, False, False)[1])
         except APIError as exc:
             return _refusal(exc)

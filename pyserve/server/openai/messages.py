@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 
 from pyserve.server.errors import APIError
-from pyserve.server.request_limits import MAX_CONTENT_PARTS, MAX_DOCUMENTS, MAX_MESSAGES, MAX_TOOLS
+from pyserve.server.request_limits import (MAX_CONTENT_PARTS, MAX_DOCUMENTS, MAX_MESSAGES,
+                                          MAX_TOOL_CALLS, MAX_TOOLS)
 from pyserve.server.values import brief, capped, check_nesting, field
 
 # apply_chat_template's own arguments and what the server passes it: chat_template_kwargs may
@@ -36,6 +37,11 @@ def template_messages(body: dict) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' must be a non-empty list", "messages")
     capped("messages", messages, MAX_MESSAGES, "messages")
+    calls = sum(len(m["tool_calls"]) for m in messages
+                if isinstance(m, dict) and isinstance(m.get("tool_calls"), list))
+    if calls > MAX_TOOL_CALLS:  # before any call's arguments are parsed
+        raise APIError(400, f"messages may hold at most {MAX_TOOL_CALLS} tool calls in all, got "
+                       f"{calls}", "messages")
     parts = 0
     cleaned = []
     for i, m in enumerate(messages):

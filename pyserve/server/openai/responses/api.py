@@ -16,6 +16,7 @@ from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.messages import tool_mode
 from pyserve.server.openai.params import field
+from pyserve.server.openai.serving import off_loop_for_large_body
 from pyserve.server.values import brief
 from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, BackgroundRuns
 from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
@@ -57,7 +58,8 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response | StreamingResponse:
         body = self.serving.parse_body(request)
         check_fields(body)  # before the store is consulted
-        chat, conversation = chat_body(body, self._history(body))
+        chat, conversation = await off_loop_for_large_body(request, chat_body, body,
+                                                            self._history(body))
         if (chat.get("tools") and chat.get("tool_choice") in (None, "auto")
                 and not self.serving.config.enable_auto_tool_choice):
             # vLLM's Responses reads no tool calls then: the tools are in the prompt, the
@@ -91,7 +93,7 @@ class ResponsesAPI:
         (instructions, previous_response_id's conversation, tools), counted in tokens."""
         body = self.serving.parse_body(request)
         check_fields(body)
-        chat, _ = chat_body(body, self._history(body))
+        chat, _ = await off_loop_for_large_body(request, chat_body, body, self._history(body))
         self.serving.check_model(chat.get("model"))
         try:
             ids = await self.serving._chat_prompt(chat, tool_mode(chat, False, False)[1],

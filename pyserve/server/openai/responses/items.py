@@ -13,7 +13,7 @@ response's output added to its conversation for later turns (previous_response_i
 from __future__ import annotations
 
 from pyserve.server.errors import APIError
-from pyserve.server.request_limits import MAX_MESSAGES
+from pyserve.server.request_limits import MAX_CONTENT_PARTS, MAX_MESSAGES
 from pyserve.server.values import brief
 
 TEXT_PARTS = ("input_text", "output_text")
@@ -58,7 +58,11 @@ def input_messages(items, where: str = "input") -> list[dict]:
         raise APIError(400, f"{where} must be a string or a non-empty list of items", "input")
     if len(items) > MAX_MESSAGES:  # before any is translated
         raise APIError(400, f"{where} may hold at most {MAX_MESSAGES} items, got {len(items)}", "input")
+    _check_part_count(items, where)
     messages: list[dict] = []
+    # reasoning turns of several items: their texts, joined once at the end (a += per item
+    # is quadratic over thousands of items)
+    thoughts: list[tuple[dict, list[str]]] = []
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
@@ -70,10 +74,11 @@ def input_messages(items, where: str = "input") -> list[dict]:
         thought = last is not None and _reasoning_only(last)
         if kind == "reasoning":
             text = _reasoning_text(item, at)
-            if thought:
-                last["reasoning_content"] += "\n" + text
+            if thought:  # the last turn of thoughts' is last (nothing else makes such a turn)
+                thoughts[-1][1].append(text)
             else:
                 messages.append({"role": "assistant", "content": None, "reasoning_content": text})
+                thoughts.append((messages[-1], [text]))
         elif kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
@@ -98,9 +103,26 @@ def input_messages(items, where: str = "input") -> list[dict]:
         else:
             raise APIError(400, f"{at}: input item type {brief(kind)} is not supported; only message, "
                            "reasoning, function_call and function_call_output items are", "input")
+    for message, texts in thoughts:
+        if len(texts) > 1:
+            message["reasoning_content"] = "\n".join(texts)
     if all(_reasoning_only(m) for m in messages):
         raise APIError(400, f"{where} holds no message: reasoning items alone are no conversation", "input")
     return messages
+
+
+def _check_part_count(items: list, where: str) -> None:
+    """At most MAX_CONTENT_PARTS parts over all items (a message's content, a reasoning
+    item's content and summary, a tool output's), counted before any is read."""
+    parts = 0
+    for item in items:
+        if isinstance(item, dict):
+            for key in ("content", "summary", "output"):
+                if isinstance(item.get(key), list):
+                    parts += len(item[key])
+    if parts > MAX_CONTENT_PARTS:
+        raise APIError(400, f"{where} may hold at most {MAX_CONTENT_PARTS} content parts in all, "
+                       f"got {parts}", "input")
 
 
 def _reasoning_only(message: dict) -> bool:
