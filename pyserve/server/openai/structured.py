@@ -27,6 +27,7 @@ _ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "ch
             "guided_grammar": "grammar", "structural_tag": "structural_tag"}
 _OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
 _BACKENDS = ("", "auto", "xgrammar")
+_DEFS = ("$defs", "definitions")  # where a JSON schema keeps the definitions "#/..." refers to
 
 
 def _json_text(param: str, text: str, what: str):
@@ -149,8 +150,31 @@ def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
                 return StructuredOutputsParams(json=_parameters(function))
         raise APIError(400, f"tool_choice names the function {brief(name)}, which is not in tools",
                        "tool_choice")
+    defs: dict = {}  # "$defs" and draft-07's "definitions" -> their entries, from every tool
     items = [{"type": "object", "properties": {"name": {"type": "string", "enum": [f["name"]]},
-                                               "parameters": _parameters(f)},
+                                               "parameters": _hoisted(_parameters(f), defs)},
               "required": ["name", "parameters"]} for f in functions]
-    return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                         "items": {"anyOf": items} if len(items) > 1 else items[0]})
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": items} if len(items) > 1 else items[0]}
+    schema.update((key, entries) for key, entries in defs.items() if entries)
+    return StructuredOutputsParams(json=schema)
+
+
+def _hoisted(parameters: dict, defs: dict) -> dict:
+    """A tool's parameters without their `$defs` (or `definitions`), which join `defs`: a
+    tool's "#/$defs/X" points at the root of the schema it is written in, which in the
+    combined list is the list's root, so every tool's definitions must live there (vLLM
+    hoists them so too). Two tools that define one name differently cannot share that root:
+    a 400, in vLLM's words."""
+    if not any(key in parameters for key in _DEFS):
+        return parameters
+    for key in _DEFS:
+        own = parameters.get(key, {})
+        if not isinstance(own, dict):
+            raise APIError(400, f"a tool's parameters.{key} must be an object", "tools")
+        hoisted = defs.setdefault(key, {})
+        for name, schema in own.items():
+            if name in hoisted and hoisted[name] != schema:
+                raise APIError(400, f"Tool definition '{name}' has multiple schemas, which is not "
+                               "supported.", "tools")
+            hoisted[name] = schema
+    return {k: v for k, v in parameters.items() if k not in _DEFS}
