@@ -22,13 +22,13 @@ def make(mode, **kw):
     return ChoiceOutput(mode, kw.pop("name", None), parser, reasoning, **kw)
 
 
-def streamed(output, text, seed=0):
+def streamed(output, text, seed=0, reason=None):
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(12, len(text) - 1)))
     merged = {}
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
         merge_delta(merged, output.delta(text[a:b]))
-    merge_delta(merged, output.finish())
+    merge_delta(merged, output.finish(reason))
     calls = {}
     for c in merged.get("tool_calls", []):
         entry = calls.setdefault(c["index"], {"name": None, "arguments": ""})
@@ -79,6 +79,19 @@ def test_required_and_named():
     assert named.finish_reason("stop") == "stop"  # OpenAI's for a named function
     _, calls = streamed(make("named", name="f"), '{"a": 1}')
     assert calls == [{"name": "f", "arguments": '{"a": 1}'}]
+
+
+@pytest.mark.parametrize("mode", ["named", "required"])
+def test_a_forced_call_cut_by_max_tokens_is_no_call(mode):
+    """vLLM answers a forced call that max_tokens cut with finish_reason "length" and no call;
+    a stream holds the call's text until it knows, so nothing of it was sent before."""
+    text = '{"a": 1}' if mode == "named" else json.dumps([{"name": "g", "parameters": {"y": 2}}])
+    assert make(mode, name="f").whole(text, "length") == {"content": "", "tool_calls": []}
+    out = make(mode, name="f")
+    assert all(out.delta(piece) == {} for piece in (text[:3], text[3:]))
+    assert out.finish("length") == {}
+    merged, calls = streamed(make(mode, name="f"), text, reason="stop")
+    assert len(calls) == 1 and not merged.get("content")
 
 
 def test_reasoning_then_tool_calls_and_include_reasoning():

@@ -5,9 +5,13 @@ through the tool-call handling of the request's mode:
 
     none       the answer is content
     named      the grammar made the whole answer the named function's arguments
-    required   the grammar made it a JSON list of {"name", "parameters"}; never content, and
-               no calls where the list is cut short (max_tokens), as vLLM answers
+    required   the grammar made it a JSON list of {"name", "parameters"}
     auto       --tool-call-parser finds calls in the model's own text
+
+A forced call (named or required) is never content, and max_tokens cutting it short leaves no
+call at all (finish_reason "length", tool_calls empty), as vLLM answers: half a JSON object is
+not a call a client can run. So a stream holds a forced call's text and sends the call whole
+at the end, once it is known not to be cut.
 
 Whole responses use whole(); streams call delta() per piece and finish() at the end, and the
 concatenated fragments are what whole() gives for the same text (same arguments strings).
@@ -65,11 +69,11 @@ class ChoiceOutput:
         self.tools = tool_parser  # auto: a fresh parser for this choice
         self.reasoning = reasoning_parser
         self.tools_called = False
-        self._answer = ""  # required: the answer so far (its calls come at the end)
-        self._named_started = False
+        self._answer = ""  # named, required: the answer so far (its calls come at the end)
 
     # -- whole responses -------------------------------------------------------------------
-    def whole(self, text: str) -> dict:
+    def whole(self, text: str, engine_reason: str | None = None) -> dict:
+        """engine_reason: why the engine ended the choice ("length": max_tokens cut it)."""
         fields: dict = {}
         answer = text
         if self.reasoning is not None:
@@ -78,10 +82,8 @@ class ChoiceOutput:
             answer = answer or ""
         calls: list[dict] = []
         content: str | None = answer
-        if self.mode == "named":
-            calls, content = [_call(self.forced_name, answer)], ""
-        elif self.mode == "required":
-            calls, content = _required_calls(answer), ""
+        if self.mode in ("named", "required"):
+            calls, content = self._forced_calls(answer, engine_reason), ""
         elif self.mode == "auto":
             found = self.tools.extract(answer)
             if found.tools_called:
@@ -101,8 +103,8 @@ class ChoiceOutput:
             return self._kept(self._answer_delta(text))
         return self._kept(self._from_reasoning(self.reasoning.feed(text)))
 
-    def finish(self) -> dict:
-        return self._kept(self._finish())
+    def finish(self, engine_reason: str | None = None) -> dict:
+        return self._kept(self._finish(engine_reason))
 
     def _kept(self, delta: dict) -> dict:
         if not self.include_reasoning:
@@ -113,16 +115,24 @@ class ChoiceOutput:
                 del delta["tool_calls"]
         return delta
 
-    def _finish(self) -> dict:
+    def _finish(self, engine_reason: str | None) -> dict:
         merged = self._from_reasoning(self.reasoning.finish()) if self.reasoning is not None else {}
         if self.mode == "auto":
             merge_delta(merged, self._tool_fragments(self.tools.finish()))
-        elif self.mode == "required":
-            calls = _required_calls(self._answer)
+        elif self.mode in ("named", "required"):
+            calls = self._forced_calls(self._answer, engine_reason)
             if calls:
-                self.tools_called = True
+                self.tools_called = self.mode == "required"
                 merge_delta(merged, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         return merged
+
+    def _forced_calls(self, answer: str, engine_reason: str | None) -> list[dict]:
+        """The calls a forced answer makes: none where max_tokens cut it."""
+        if engine_reason == "length":
+            return []
+        if self.mode == "named":
+            return [_call(self.forced_name, answer)]
+        return _required_calls(answer)
 
     def _from_reasoning(self, fragments: list[dict]) -> dict:
         """Reasoning fragments as they are; the answer's through the tool handling."""
@@ -138,13 +148,8 @@ class ChoiceOutput:
     def _answer_delta(self, text: str) -> dict:
         if self.mode == "none":
             return {"content": text}  # every piece, empty ones too (text held for stop strings)
-        if self.mode == "named":
-            if not self._named_started:
-                self._named_started = True
-                return {"tool_calls": [{"index": 0, **_call(self.forced_name, text)}]}
-            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
-        if self.mode == "required":
-            self._answer += text  # a call is whole only when its list is
+        if self.mode in ("named", "required"):
+            self._answer += text  # sent at the end: a call cut by max_tokens is no call
             return {}
         return self._tool_fragments(self.tools.feed(text))
 

@@ -77,7 +77,7 @@ def choice(meta: dict, index: int, c, final: bool, tokenizer,
     if final:
         # a whole message lists its tool calls ([] when none, as vLLM's did until it began
         # dropping an empty list: clients read an absent list as None either way)
-        message = {"role": meta["role"], **_MESSAGE, **output.whole(c.text)}
+        message = {"role": meta["role"], **_MESSAGE, **output.whole(c.text, c.finish_reason)}
         if meta["chat_echo"]:
             message["content"] = meta["chat_echo"] + (message["content"] or "")
         return {"index": index, "message": message, "logprobs": logprobs,
@@ -85,7 +85,7 @@ def choice(meta: dict, index: int, c, final: bool, tokenizer,
                 "stop_reason": c.stop_reason, "token_ids": token_ids}
     delta = output.delta(c.text)
     if c.finish_reason is not None:
-        merge_delta(delta, output.finish())
+        merge_delta(delta, output.finish(c.finish_reason))
     out = {"index": index, "delta": delta, "logprobs": logprobs,
            "finish_reason": output.finish_reason(c.finish_reason), "token_ids": token_ids}
     if c.finish_reason is not None:  # vLLM sets it on a choice's last chunk only
