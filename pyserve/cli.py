@@ -56,6 +56,22 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _chat_template(text: str) -> str:
+    """A file, or inline Jinja. Jinja has braces (and a template of any length, new lines): a
+    value with neither that is no file is a mistyped path, refused here rather than served as
+    a template that renders every conversation as the path's text (vLLM refuses it too)."""
+    if not os.path.isfile(text) and not any(c in text for c in "{}\n"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} looks like a file path, but no such file exists (an inline template "
+            "is Jinja, with {{ }} or {% %})")
+    return text
+
+
+def _root_path(text: str) -> str:
+    """'/llm', 'llm/', '/' -> '/llm', '/llm', '' (no prefix)."""
+    return "/" + text.strip("/") if text.strip("/") else ""
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value <= 1.0:
@@ -286,7 +302,8 @@ def _server_flags(g) -> None:
                    help="waiting requests beyond which new ones get 429 (default: unbounded)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM lets running requests finish before aborting them")
-    g.add_argument("--chat-template", help="chat template file or inline Jinja, overriding the model's")
+    g.add_argument("--chat-template", type=_chat_template,
+                   help="chat template file or inline Jinja, overriding the model's")
     g.add_argument("--default-chat-template-kwargs", type=_json_object,
                    help="JSON object of chat_template_kwargs every request starts from (a request's "
                    "own win), e.g. '{\"enable_thinking\": false}'")
@@ -296,6 +313,12 @@ def _server_flags(g) -> None:
                    help="role of chat responses when the request's add_generation_prompt is true")
     g.add_argument("--enable-request-id-headers", action="store_true",
                    help="answer with an X-Request-Id header (the request's own, or a new id)")
+    g.add_argument("--enable-force-include-usage", action="store_true",
+                   help="end every stream with a usage chunk, asked for (stream_options."
+                   "include_usage) or not")
+    g.add_argument("--root-path", type=_root_path, default="",
+                   help="a path prefix requests may carry (a proxy's, e.g. /llm): /llm/v1/models "
+                   "is served as /v1/models, which stays served too")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="report usage.prompt_tokens_details.cached_tokens")
     g.add_argument("--return-tokens-as-token-ids", action="store_true",

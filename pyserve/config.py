@@ -220,6 +220,10 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # a request's own chat_template is a 400 otherwise
     response_role: str = "assistant"  # the role of chat responses when add_generation_prompt
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens
+    # a stream's usage chunk whether or not stream_options.include_usage asks for it
+    enable_force_include_usage: bool = False
+    # the path prefix a proxy may leave on requests ("/llm": /llm/v1/models is /v1/models)
+    root_path: str = ""
     # logprob tokens named "token_id:N" unless a request's return_tokens_as_token_ids says
     return_tokens_as_token_ids: bool = False
     enable_server_load_tracking: bool = False  # GET /load counts requests in flight (else 0)

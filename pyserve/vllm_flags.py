@@ -69,6 +69,8 @@ HONOURED: dict[str, str | None] = {
     "--tool-call-parser": "config.server.tool_call_parser",
     "--reasoning-parser": "config.server.reasoning_parser",
     "--enable-prompt-tokens-details": "config.server.enable_prompt_tokens_details",
+    "--enable-force-include-usage": "config.server.enable_force_include_usage",
+    "--root-path": "config.server.root_path",
     "--return-tokens-as-token-ids": "config.server.return_tokens_as_token_ids",
     "--enable-server-load-tracking": "config.server.enable_server_load_tracking",
     "--enable-tokenizer-info-endpoint": "config.server.enable_tokenizer_info_endpoint",
@@ -172,8 +174,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "CUDA graphs; --enforce-eager turns them off)"),
     ForeignFlag(("--enable-expert-parallel", "-ep"), "serves dense models only", action="switch"),
     ForeignFlag(("--max-parallel-loading-workers",), "loads weights in one pass", type=int),
-    ForeignFlag(("--root-path",), "serves its routes at /, which is what a proxy that strips the "
-                "prefix needs"),
     ForeignFlag(("--disable-fastapi-docs",), "serves no /docs or /redoc; its /openapi.json "
                 "(behind the API key) stays", action="switch"),
     ForeignFlag(("--max-cudagraph-capture-size",), "captures the decode sizes of "
@@ -230,8 +230,6 @@ FOREIGN: tuple[ForeignFlag, ...] = (
     ForeignFlag(("--uds",), "listens on TCP only (--host, --port)", refuse=True),
     ForeignFlag(("--tool-parser-plugin",), "loads no tool-parser plugins (--tool-call-parser names "
                 "a built-in parser)", refuse=True),
-    ForeignFlag(("--enable-force-include-usage",), "sends a stream's usage when "
-                "stream_options.include_usage asks for it", refuse=True, action="switch"),
 )
 
 

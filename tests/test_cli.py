@@ -255,3 +255,17 @@ def test_console_script_is_installed():
     done = subprocess.run([str(script), "chat", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--quick" in done.stdout and "--system-prompt" in done.stdout
     assert shutil.which("pyserve", path=str(script.parent)) == str(script)
+
+
+def test_a_chat_template_that_looks_like_a_path_but_is_no_file_exits_2(tmp_path, capsys):
+    """vLLM refuses such a value at start-up; it is not served as a template whose text is the
+    path. A file is read later, and inline Jinja (braces, new lines) is taken as it is."""
+    with pytest.raises(SystemExit) as exc:
+        parse_config(["--chat-template", "../../examples/does_not_exist"], environ={})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--chat-template" in err and "looks like a file path" in err
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    for value in (str(template), "{{ messages }}", "plain text\nwith a new line"):
+        assert parse_config(["--chat-template", value], environ={}).server.chat_template == value

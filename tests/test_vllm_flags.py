@@ -66,6 +66,8 @@ HONOURED_EXAMPLES = {
     "--trust-request-chat-template": (["--trust-request-chat-template"], True),
     "--response-role": (["--response-role", "helper"], "helper"),
     "--enable-prompt-tokens-details": (["--enable-prompt-tokens-details"], True),
+    "--enable-force-include-usage": (["--enable-force-include-usage"], True),
+    "--root-path": (["--root-path", "api/"], "/api"),
     "--return-tokens-as-token-ids": (["--return-tokens-as-token-ids"], True),
     "--enable-server-load-tracking": (["--enable-server-load-tracking"], True),
     "--enable-tokenizer-info-endpoint": (["--enable-tokenizer-info-endpoint"], True),
@@ -114,7 +116,6 @@ FOREIGN_EXAMPLES = [
     (["--enable-expert-parallel"], "warned"),
     (["-ep"], "warned"),
     (["--max-parallel-loading-workers", "2"], "warned"),
-    (["--root-path", "/api"], "warned"),
     (["--disable-fastapi-docs"], "warned"),
     (["--disable-uvicorn-access-log"], "warned"),
     (["--uvicorn-log-level", "warning"], "honoured"),  # uvicorn's level: no uvicorn, no change
@@ -148,7 +149,6 @@ FOREIGN_EXAMPLES = [
     (["--chat-template-content-format", "openai"], "refused"),
     (["--uds", "/tmp/vllm.sock"], "refused"),
     (["--tool-parser-plugin", "my_parser.py"], "refused"),
-    (["--enable-force-include-usage"], "refused"),
     (["--limit-mm-per-prompt", '{"image": 0, "video": 0}'], "honoured"),  # text only
     (["--language-model-only"], "honoured"),
     (["--performance-mode", "throughput"], "warned"),

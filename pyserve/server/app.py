@@ -30,7 +30,7 @@ from pyserve.server.fd_limit import raise_open_file_limit
 from pyserve.server.http import HTTPLimits, HTTPProtocol, Request, Response
 from pyserve.server.load import ServerLoad
 from pyserve.server.malloc_trim import MallocTrimmer
-from pyserve.server.router import Router, normalize_path
+from pyserve.server.router import Router, normalize_path, without_root_path
 
 logger = logging.getLogger("pyserve")
 
@@ -56,6 +56,7 @@ class ServerState:
         self.load = ServerLoad(config.server.enable_server_load_tracking)  # GET /load
 
     async def handle(self, request: Request) -> Response:
+        request.target = without_root_path(request.target, self.config.server.root_path)
         if CORS.is_preflight(request):
             response = self.cors.preflight(request)
         else:

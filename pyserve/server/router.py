@@ -28,6 +28,18 @@ def normalize_path(target: str) -> str:
     return posixpath.normpath("/" + path.lstrip("/"))
 
 
+def without_root_path(target: str, root_path: str) -> str:
+    """A request target with --root-path's prefix taken off its path ('/llm/v1/models?x=1',
+    '/llm' -> '/v1/models?x=1'): a proxy that keeps the prefix it routes by reaches the same
+    routes as one that strips it, as vLLM's (FastAPI's root_path) do. Other targets are left
+    as they are. The result is a normalised path, which every later reading keeps."""
+    path = normalize_path(target)
+    if not root_path or not (path == root_path or path.startswith(root_path + "/")):
+        return target
+    query = target.partition("?")[2]
+    return (path[len(root_path):] or "/") + ("?" + query if query else "")
+
+
 class Router:
     def __init__(self, error_response, prepare=None):
         """prepare: an async callable run on every request that found its handler, before it."""

@@ -459,9 +459,11 @@ class OpenAIServing:
         priority = field(body, "priority", int, 0)
         include_usage = continuous = False
         if stream:
+            # vLLM (and OpenAI): usage only when asked for, or always with --enable-force-include-usage
+            include_usage = self.config.enable_force_include_usage
             options = field(body, "stream_options", dict)
-            if options is not None:  # vLLM (and OpenAI): usage only when asked for
-                include_usage = field(options, "include_usage", bool, False)
+            if options is not None:
+                include_usage = field(options, "include_usage", bool, False) or include_usage
                 continuous = include_usage and field(options, "continuous_usage_stats", bool, False)
         return_token_ids = field(body, "return_token_ids", bool, False)
         as_token_ids = field(body, "return_tokens_as_token_ids", bool,
