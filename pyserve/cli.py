@@ -341,6 +341,9 @@ def _server_flags(g) -> None:
                    help="larger request headers get 431")
     g.add_argument("--max-request-body-bytes", type=_size, default=32 * 1024**2,
                    help="larger request bodies get 413")
+    g.add_argument("--max-stored-response-bytes", type=_size, default=256 * 1024**2,
+                   help="the stored Responses (for GET /v1/responses/{id} and "
+                   "previous_response_id) in all, estimated; past it the least recently used go")
     g.add_argument("--keepalive-timeout", type=float, default=5.0,
                    help="seconds an idle keep-alive connection stays open")
     g.add_argument("--header-timeout", type=float, default=30.0,

@@ -234,6 +234,9 @@ class ServerConfig:
     reasoning_parser: str | None = None  # splits the model's reasoning from its answer
     max_header_bytes: int = 64 * 1024
     max_request_body_bytes: int = 32 * 1024 * 1024
+    # the stored Responses (server/openai/responses/store.py) in all, estimated: past it the
+    # least recently used go
+    max_stored_response_bytes: int = 256 * 1024 * 1024
     keepalive_timeout: float = 5.0
     header_timeout: float = 30.0
     body_timeout: float = 60.0  # seconds from a request's headers to the end of its body
@@ -382,6 +385,7 @@ def validate(config: Config) -> None:
          f"must be one of {', '.join(REASONING_PARSERS)}")
     need(srv.max_header_bytes > 0, "--max-header-bytes", "must be positive")
     need(srv.max_request_body_bytes > 0, "--max-request-body-bytes", "must be positive")
+    need(srv.max_stored_response_bytes > 0, "--max-stored-response-bytes", "must be positive")
     need(srv.body_timeout > 0, "--body-timeout", "must be positive")
     if m.model is not None and m.load_format != "dummy":
         need(os.path.exists(m.model), "--model", f"'{m.model}' does not exist")

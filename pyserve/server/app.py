@@ -76,8 +76,10 @@ class ServerState:
 
     async def _dispatch(self, request: Request) -> Response:
         path = normalize_path(request.target)
-        if self.auth.enabled and path not in OPEN_PATHS and not self.auth.allows(request):
-            return self.auth.refusal(path)  # before routing: unknown paths too, and while loading
+        if self.auth.enabled and path not in OPEN_PATHS:
+            request.api_key_index = self.auth.key_index(request)
+            if request.api_key_index is None:  # before routing: unknown paths too, and while loading
+                return self.auth.refusal(path)
         given = request.headers.get("x-request-id")
         if given is not None and not REQUEST_ID.fullmatch(given):
             return error_response(400, "the X-Request-Id header must be 1 to 256 visible ASCII "
@@ -180,7 +182,8 @@ def _build_routes(state: ServerState, engine) -> Router:
     router.add("POST", "/v1/messages/count_tokens", anthropic.count_tokens)
     from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 
-    responses = ResponsesAPI(serving, ResponseStore())  # the server's stored responses
+    # the server's stored responses
+    responses = ResponsesAPI(serving, ResponseStore(max_bytes=state.config.server.max_stored_response_bytes))
     router.add("POST", "/v1/responses", generation(responses.create))
     router.add("POST", "/v1/responses/input_tokens", responses.input_tokens)
     router.add("GET", "/v1/responses/{response_id}", responses.retrieve)

@@ -10,6 +10,9 @@ shape on its /v1/messages paths, OpenAI's elsewhere.
 Each presented token is compared with every configured key as SHA-256 digests of equal length,
 each comparison in constant time and all of them made, so neither the length of a key nor which
 key matched shows in the timing.
+
+Which key matched (its place in --api-key's list) goes with the request, as its owner: stored
+responses are kept to the key that made them (server/openai/responses/store.py).
 """
 
 from __future__ import annotations
@@ -56,14 +59,20 @@ class APIKeyCheck:
             return None
         return value
 
-    def allows(self, request: Request) -> bool:
+    def key_index(self, request: Request) -> int | None:
+        """The place in --api-key's list of the key the request presents (the Bearer token's
+        before x-api-key's, where both match), None where none matches."""
         tokens = [t for t in (self.bearer_token(request), self.api_key_header(request)) if t is not None]
-        matched = False
+        found = None
         for token in tokens:
             given = _digest(token)
-            for digest in self._digests:  # no early exit: every key costs the same
-                matched |= hmac.compare_digest(given, digest)
-        return matched
+            for index, digest in enumerate(self._digests):  # no early exit: every key costs the same
+                if hmac.compare_digest(given, digest) and found is None:
+                    found = index
+        return found
+
+    def allows(self, request: Request) -> bool:
+        return self.key_index(request) is not None
 
     def refusal(self, path: str = "") -> Response:
         message = "missing or invalid API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"

@@ -71,6 +71,9 @@ class Request:
     # the body's JSON (or the error it is), when the router parsed it before the handler ran
     # (a large body, in a worker thread: server/openai/serving.py preparse_json)
     json: object = None
+    # which --api-key the request presented (its place in the list: server/auth.py); None
+    # on a server without --api-key
+    api_key_index: int | None = None
 
 
 @dataclass

@@ -40,12 +40,12 @@ class ResponsesAPI:
         self.store = store
         self.runs = BackgroundRuns(store)
 
-    def _history(self, body: dict) -> list[dict]:
-        """The conversation previous_response_id names ([] without one)."""
+    def _history(self, body: dict, owner: int | None) -> list[dict]:
+        """The conversation previous_response_id names ([] without one), if owner's."""
         previous = field(body, "previous_response_id", str)
         if previous is None:
             return []
-        entry = self.store.get(previous)
+        entry = self.store.get(previous, owner)
         if entry is None:
             raise APIError(404, f"Previous response with id '{previous}' not found.",
                            "previous_response_id")
@@ -58,8 +58,9 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response | StreamingResponse:
         body = self.serving.parse_body(request)
         check_fields(body)  # before the store is consulted
+        owner = request.api_key_index
         chat, conversation = await off_loop_for_large_body(request, chat_body, body,
-                                                            self._history(body))
+                                                            self._history(body, owner))
         if (chat.get("tools") and chat.get("tool_choice") in (None, "auto")
                 and not self.serving.config.enable_auto_tool_choice):
             # vLLM's Responses reads no tool calls then: the tools are in the prompt, the
@@ -77,15 +78,15 @@ class ResponsesAPI:
                            exc.headers) from None
         streamed = field(body, "stream", bool, False)
         if field(body, "background", bool, False):  # chat_body asked for a stream
-            entry = self.runs.start(turn, result, conversation, streamed)
+            entry = self.runs.start(turn, result, conversation, streamed, owner)
             if streamed:
                 return StreamingResponse(200, entry.events.read())
             return Response(200, orjson.dumps(entry.response))
         if streamed:
-            return StreamingResponse(200, self._stream(turn, result, conversation, keep))
+            return StreamingResponse(200, self._stream(turn, result, conversation, keep, owner))
         response = turn.from_completion(result)
         if keep:
-            self._keep(turn, response, conversation)
+            self._keep(turn, response, conversation, owner)
         return Response(200, orjson.dumps(response))
 
     async def input_tokens(self, request: Request) -> Response:
@@ -93,7 +94,8 @@ class ResponsesAPI:
         (instructions, previous_response_id's conversation, tools), counted in tokens."""
         body = self.serving.parse_body(request)
         check_fields(body)
-        chat, _ = await off_loop_for_large_body(request, chat_body, body, self._history(body))
+        chat, _ = await off_loop_for_large_body(request, chat_body, body,
+                                                 self._history(body, request.api_key_index))
         self.serving.check_model(chat.get("model"))
         try:
             ids = await self.serving._chat_prompt(chat, tool_mode(chat, False, False)[1],
@@ -103,22 +105,24 @@ class ResponsesAPI:
         return Response(200, orjson.dumps({"object": "response.input_tokens", "input_tokens": len(ids)}))
 
     async def _stream(self, turn: Turn, chunks, conversation: list[dict],
-                      keep: bool) -> AsyncIterator[bytes]:
+                      keep: bool, owner: int | None) -> AsyncIterator[bytes]:
         try:  # closing it at any event ends the chat stream (read or not: ChunkStream.aclose)
             done: list[dict] = []
             async for event in turn.events(chunks, UNREAD, done):
                 yield sse(event)
             if keep and done:
-                self._keep(turn, done[0], conversation)
+                self._keep(turn, done[0], conversation, owner)
         finally:
             await chunks.aclose()
 
-    def _keep(self, turn: Turn, response: dict, conversation: list[dict]) -> None:
-        self.store.put(response, with_answer(conversation, response["output"], turn.continues))
+    def _keep(self, turn: Turn, response: dict, conversation: list[dict], owner: int | None) -> None:
+        self.store.put(response, with_answer(conversation, response["output"], turn.continues), owner)
 
     def _stored(self, request: Request) -> tuple[str, Stored]:
+        """The stored response the path names, if the request's key made it (else 404, as for
+        an id never stored: another key's responses do not exist for it)."""
         response_id = request.path_params["response_id"]
-        entry = self.store.get(response_id)
+        entry = self.store.get(response_id, request.api_key_index)
         if entry is None:
             raise APIError(404, f"Response with id '{response_id}' not found.", "response_id")
         return response_id, entry

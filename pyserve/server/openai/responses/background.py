@@ -73,12 +73,14 @@ class BackgroundRuns:
         self._tasks: dict[str, asyncio.Task] = {}
         self._kept_logs: deque[Stored] = deque()  # ended streams whose events are kept, oldest first
 
-    def start(self, turn: Turn, chunks, conversation: list[dict], streamed: bool) -> Stored:
-        """Stores the response "queued" and starts reading chunks (the chat stream, already
-        admitted). A task's first step runs before any later request is read (call_soon order),
-        so the chat stream has been entered, and is closed by the task, before a cancel can come."""
+    def start(self, turn: Turn, chunks, conversation: list[dict], streamed: bool,
+              owner: int | None = None) -> Stored:
+        """Stores the response "queued" (owner's: the API key that made it) and starts reading
+        chunks (the chat stream, already admitted). A task's first step runs before any later
+        request is read (call_soon order), so the chat stream has been entered, and is closed
+        by the task, before a cancel can come."""
         entry = self.store.put_running(turn.response("queued", []), conversation,
-                                       EventLog() if streamed else None)
+                                       EventLog() if streamed else None, owner)
         task = asyncio.get_running_loop().create_task(self._run(turn, chunks, entry),
                                                       name=f"background {turn.id}")
         self._tasks[turn.id] = task

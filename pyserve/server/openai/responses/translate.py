@@ -94,6 +94,10 @@ INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_c
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # OpenAI's bounds on metadata
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+# identifiers echoed (and stored) as they come, each at most 64 characters: OpenAI documents
+# the bound for safety_identifier and refuses longer prompt_cache_key (and user, which both
+# replace) with a 400 of its own
+IDENTIFIERS, IDENTIFIER_CHARS = ("user", "safety_identifier", "prompt_cache_key"), 64
 # a chat-path error's param -> the Responses field it came from
 PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
           "reasoning_effort": "reasoning"}
@@ -128,8 +132,12 @@ def check_fields(body: dict) -> None:
     # store null is store true (the default), as vLLM reads it
     if field(body, "background", bool, False) and not field(body, "store", bool, True):
         raise APIError(400, "background can only be used when `store` is true", "background")
-    for name in ("user", "safety_identifier", "prompt_cache_key", "service_tier"):
-        field(body, name, str)  # echoed (or read) as strings
+    field(body, "service_tier", str)
+    for name in IDENTIFIERS:  # echoed as strings, of a bounded length
+        value = field(body, name, str)
+        if value is not None and len(value) > IDENTIFIER_CHARS:
+            raise APIError(400, f"{name} may be at most {IDENTIFIER_CHARS} characters long, got "
+                           f"{len(value)}", name)
     if body.get("service_tier") not in (None, *SERVICE_TIERS):
         raise APIError(400, f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got "
                        f"{brief(body['service_tier'])}", "service_tier")
