@@ -140,8 +140,8 @@ def _tool_choice(choice, body: dict) -> None:
     kind = choice["type"]
     if kind == "tool":
         check_keys(choice, "tool_choice", {"type", "name", "disable_parallel_tool_use"})
-        if not isinstance(choice.get("name"), str):
-            fail("tool_choice.name", "must name a tool")
+        if not isinstance(choice.get("name"), str) or not choice["name"]:  # vLLM's words
+            fail("tool_choice.name", "tool_choice.name is required when type is 'tool'")
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif kind in _TOOL_CHOICES:
         allowed = {"type"} if kind == "none" else {"type", "disable_parallel_tool_use"}
@@ -303,8 +303,8 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
     max_tokens = field(request, "max_tokens", int)
     if max_tokens is None:
         fail("max_tokens", "Field required")
-    if max_tokens < 1:
-        fail("max_tokens", f"must be at least 1, got {max_tokens}")
+    if max_tokens < 1:  # vLLM's words
+        fail("max_tokens", f"max_tokens must be positive, got {max_tokens}")
     body["max_tokens"] = max_tokens
     _thinking(request.get("thinking"), body, max_tokens)
     stops = request.get("stop_sequences")
