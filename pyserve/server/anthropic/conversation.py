@@ -54,16 +54,21 @@ def _text_part(block, where: str) -> dict:
             fail(where, f"{kind} blocks are not supported: {_TEXT_ONLY}")
         fail(where, "must be a text block ({\"type\": \"text\", \"text\": ...})")
     if not isinstance(block.get("text"), str):
-        fail(f"{where}.text", "must be a string")
+        fail(f"{where}.text", "a text block requires 'text' (a string)")
     check_keys(block, where, {"type", "text", "citations"})  # citations: where text came from
     return {"type": "text", "text": block["text"]}
 
 
 def _tool_call(block: dict, where: str) -> dict:
     check_keys(block, where, {"type", "id", "name", "input"})
-    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-        fail(where, "a tool_use block needs a string id and name")
-    arguments = block.get("input", {})
+    # as Anthropic (and vLLM, in its words) validate a past call: a result must be able to
+    # name it, and "input" is what it was called with ({} for none), not something to guess
+    for key in ("id", "name"):
+        if not isinstance(block.get(key), str) or not block[key]:
+            fail(f"{where}.{key}", f"a tool_use block requires a non-empty '{key}' (a string)")
+    arguments = block.get("input")
+    if arguments is None:
+        fail(f"{where}.input", "a tool_use block requires 'input' (an object; {} for none)")
     if not isinstance(arguments, dict):
         fail(f"{where}.input", "must be an object")
     return {"id": block["id"], "type": "function",
@@ -72,8 +77,9 @@ def _tool_call(block: dict, where: str) -> dict:
 
 def _tool_message(block: dict, where: str) -> dict:
     check_keys(block, where, {"type", "tool_use_id", "content", "is_error"})
-    if not isinstance(block.get("tool_use_id"), str):
-        fail(f"{where}.tool_use_id", "must be a string")
+    if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+        fail(f"{where}.tool_use_id", "a tool_result block requires a non-empty 'tool_use_id' "
+             "(the id of the tool_use it answers)")
     content = block.get("content")
     text = "" if content is None else "\n".join(
         p["text"] for p in _text_parts(content, f"{where}.content"))
@@ -86,7 +92,7 @@ def _tool_message(block: dict, where: str) -> dict:
 def _thinking_text(block: dict, where: str) -> str:
     check_keys(block, where, {"type", "thinking", "signature"})
     if not isinstance(block.get("thinking"), str):
-        fail(f"{where}.thinking", "must be a string")
+        fail(f"{where}.thinking", "a thinking block requires 'thinking' (a string)")
     return block["thinking"]
 
 
@@ -123,6 +129,9 @@ def _turn(i: int, message) -> list[dict]:
             reasoning.append(_thinking_text(block, at))
         elif kind == "redacted_thinking" and role == "assistant":
             check_keys(block, at, {"type", "data"})  # opaque: nothing a template can render
+            if not isinstance(block.get("data"), str) or not block["data"]:
+                fail(f"{at}.data", "a redacted_thinking block requires a non-empty 'data' (the "
+                     "string the API returned)")
         elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
             owner = "a user" if kind == "tool_result" else "an assistant"
             fail(at, f"{kind} blocks belong in {owner} message")
