@@ -43,6 +43,18 @@ def brief(value: Any) -> str:
     return type(value).__name__
 
 
+def one_of(name: str, value: Any, allowed) -> None:
+    """A value outside a fixed set is a 400 in pydantic's words for it, which vLLM's answer
+    carries (its request models type such fields as Literals): clients and dashboards look for
+    "literal_error" and the value, and the message lists what is allowed."""
+    if value in allowed:
+        return
+    quoted = [repr(a) for a in allowed]
+    expected = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+    raise APIError(400, f"{name}: Input should be {expected} [type=literal_error, "
+                   f"input_value={brief(value)}]", name)
+
+
 def is_int_text(text: str) -> bool:
     """Whether text is an integer written out ("42", " -7"), of a length int() reads at once."""
     return len(text) <= MAX_NUMBER_TEXT and _INT_TEXT.fullmatch(text) is not None

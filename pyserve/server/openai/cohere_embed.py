@@ -38,7 +38,7 @@ from pyserve.pooling_params import PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
 from pyserve.server.openai.embeddings import MAX_INPUTS, REFUSED
-from pyserve.server.values import brief, field, log_ignored_fields
+from pyserve.server.values import brief, field, log_ignored_fields, one_of
 
 _FIELDS = {"model", "input_type", "texts", "images", "inputs", "output_dimension", "embedding_types",
            "truncate", "max_tokens", "priority", "request_id"}
@@ -84,9 +84,7 @@ class CohereEmbed:
         self.serving.check_model(body.get("model"))
         types = _embedding_types(body.get("embedding_types"))
         truncate = field(body, "truncate", str, "END")
-        if truncate not in TRUNCATES:
-            raise APIError(400, f"truncate must be one of {', '.join(TRUNCATES)}, got {brief(truncate)}",
-                           "truncate")
+        one_of("truncate", truncate, TRUNCATES)
         limit = field(body, "max_tokens", int)
         if limit is not None and limit < 1:
             raise APIError(400, f"max_tokens must be at least 1, got {limit}", "max_tokens")

@@ -32,7 +32,7 @@ from pyserve.structured.compiler import GrammarError
 from pyserve.server.openai.streaming import ChunkStream, chunk_dicts, stream_chunks
 from pyserve.server.json_size import check_container_count
 from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_PROMPTS
-from pyserve.server.values import brief, capped, check_nesting, token_ids
+from pyserve.server.values import brief, capped, check_nesting, one_of, token_ids
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
 logger = logging.getLogger("pyserve.requests")
@@ -180,9 +180,7 @@ class OpenAIServing:
         what fits beside max_tokens. None when the prompt is kept whole."""
         k = field(body, "truncate_prompt_tokens", int)
         side = field(body, "truncation_side", str, "left")
-        if side not in ("left", "right"):
-            raise APIError(400, f"truncation_side must be \"left\" or \"right\", got {brief(side)}",
-                           "truncation_side")
+        one_of("truncation_side", side, ("left", "right"))
         if k is None:
             return None
         if k < -1 or k == 0:
