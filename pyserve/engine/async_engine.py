@@ -246,6 +246,11 @@ class AsyncEngine:
         self._withdraw_offer()
         return self._open_stream(request_id, core_id)
 
+    def check_pooling_request(self, prompt_token_ids: list[int], params: PoolingParams,
+                              priority: int = 0) -> None:
+        """InvalidRequest where add_pooling_request would raise it; adds nothing."""
+        self.core.check_pooling_request(prompt_token_ids, params, priority)
+
     def _withdraw_offer(self) -> None:
         """A request arrived (its prefill joins the next step, not the one after a
         continuation offered before it came) or was aborted (it gets no row after its last)."""

@@ -179,16 +179,26 @@ class EngineCore:
         carries the pooled tensor (engine/pooling.py)."""
         if request_id in self.requests:
             raise InvalidRequest(None, f"request_id '{request_id}' is already in use")
+        group = self._pooling_group(request_id, prompt_token_ids, params, prompt, priority)
+        self.requests.add(group)
+        self.scheduler.add(group.children[0])
+        return group
+
+    def check_pooling_request(self, prompt_token_ids: list[int], params: PoolingParams,
+                              priority: int = 0) -> None:
+        """Raises InvalidRequest where add_pooling_request would, adding nothing: a batch of
+        inputs fed to the engine a window at a time is refused before its first one runs."""
+        self._pooling_group("", prompt_token_ids, params, None, priority)
+
+    def _pooling_group(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams,
+                       prompt: str | None, priority: int) -> RequestGroup:
         if self.config.parallel.pipeline_parallel_size > 1:
             # the final hidden states stay on the last stage; only the logits come back
             raise InvalidRequest(None, "embeddings (pooling) are not served under "
                                  "--pipeline-parallel-size > 1")
         state = pooling_state(params, self.pooler, self.plan.hidden_size, self.is_encoder)
-        group = admit_pooling(self.admission.limits, request_id, prompt_token_ids, state,
-                              self.admission.next_arrival(), prompt, priority)
-        self.requests.add(group)
-        self.scheduler.add(group.children[0])
-        return group
+        return admit_pooling(self.admission.limits, request_id, prompt_token_ids, state,
+                             self.admission.next_arrival(), prompt, priority)
 
     def abort(self, request_id: str, outcome: str = "aborted") -> None:
         """Ends the request, if it is still known, by outcome: "aborted" or "errored"."""

@@ -8,6 +8,13 @@ route either admits the request, with SamplingParams (or BeamSearchParams) whose
 the types and bounds the engine relies on, or raises the route's client error, an APIError
 with a 4xx status. Anything else escaping is a bug (the server would answer 500).
 
+Now and then a chat body is one of the shapes that held the event loop (issue 68): thousands
+of turns, tens of thousands of content parts or tool calls (around the caps of
+server/request_limits.py), or a chat_template (the server trusts request templates here)
+pieced together from template bombs: huge repetitions, nested loops, doubling strings,
+padding widths, big powers. Property: such a request is answered (admitted or refused) within
+BOMB_S, the template budget (tokenizer/template_budget.py, its clock shortened here) included.
+
 Only the engine is replaced, by one that stops at admission (add_request): everything that
 reads the request runs as it does in the server.
 
@@ -21,6 +28,7 @@ import logging
 import math
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import atheris
@@ -33,6 +41,7 @@ with atheris.instrument_imports(include=["pyserve.server.openai", "pyserve.sampl
 from pyserve.config import Config
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request
+from pyserve.tokenizer import template_budget
 
 KEYS = sorted(IMPLEMENTED["chat"] | IMPLEMENTED["completions"] | NO_EFFECT
               | set(REFUSED_UNLESS_DEFAULT)) + [
@@ -43,6 +52,19 @@ STRINGS = ["", "user", "assistant", "system", "tool", "text", "function", "auto"
            "none", "left", "right", "json_object", "json_schema", "text", "3", "-1", "0", "true",
            "false", "nan", "inf", "-inf", "1e400", "1.5", " 7 ", "xgrammar", "a*", "{", "\x00",
            "{\"type\": \"object\"}", "hello world"]
+
+
+# pieces of chat templates that cost without end, unless the template budget stops them
+TEMPLATE_PIECES = ["{{ 'ab ' * N }}", "{% for i in range(N) %}", "{% endfor %}", "{{ x }}",
+                   "{% set ns = namespace(s='ab') %}", "{% set ns.s = ns.s ~ ns.s %}",
+                   "{% set ns.s = ns.s + ns.s %}", "{{ ns.s }}", "{{ 'x'|center(N) }}",
+                   "{{ '%*s'|format(N, 'x') }}", "{{ 'x'.ljust(N) }}", "{{ 7 ** N }}",
+                   "{{ [1] * N }}", "{{ range(N)|list|batch(N, 0)|list }}",
+                   "{% for m in messages %}{{ m.content }}", "{{ messages|tojson(indent=N) }}",
+                   "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "{{ '{:>{}}'.format('x', N) }}"]
+SIZES = ["3", "1000", "100000", "10000000", "1000000000"]
+BOMB_S = 5.0  # the budget's clock (RENDER_S below) and a shape's parse and walk, on a loaded machine
+RENDER_S = 0.5
 
 
 class Admitted(Exception):
@@ -104,6 +126,34 @@ def json_object(fdp, depth: int = 0) -> dict:
     return out
 
 
+def bomb_template(fdp) -> str:
+    out = []
+    for _ in range(fdp.ConsumeIntInRange(1, 6)):
+        piece = TEMPLATE_PIECES[fdp.ConsumeIntInRange(0, len(TEMPLATE_PIECES) - 1)]
+        out.append(piece.replace("N", SIZES[fdp.ConsumeIntInRange(0, len(SIZES) - 1)]))
+    return "".join(out)
+
+
+def huge_conversation(fdp) -> list[dict]:
+    """Many turns of many parts or tool calls: counts around the caps (10,000)."""
+    turns = fdp.ConsumeIntInRange(1, 12_000)
+    parts = fdp.ConsumeIntInRange(0, 12_000 // turns + 2)
+    message = {"role": "user", "content": [{"type": "text", "text": "x"}] * parts}
+    if fdp.ConsumeBool():
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        message = {"role": "assistant", "content": "", "tool_calls": [call] * parts}
+    return [message] * turns + [{"role": "user", "content": "hi"}]
+
+
+def bomb(fdp, value: dict) -> None:
+    """value made one of issue 68's loop-holding shapes."""
+    if fdp.ConsumeBool():
+        value["chat_template"] = bomb_template(fdp)
+        value.setdefault("messages", [{"role": "user", "content": "hi"}])
+    else:
+        value["messages"] = huge_conversation(fdp)
+
+
 def check_admitted(params) -> None:
     """What the engine relies on of what it is given."""
     if isinstance(params, BeamSearchParams):
@@ -132,12 +182,15 @@ def one_input(data: bytes, serving: OpenAIServing, loop) -> None:
         body = fdp.ConsumeBytes(fdp.remaining_bytes())  # raw bytes: the JSON parse path
     else:
         value = json_object(fdp)
-        if chat and fdp.ConsumeIntInRange(0, 3):  # mostly a message list to get past
+        if chat and fdp.ConsumeIntInRange(0, 15) == 0:
+            bomb(fdp, value)
+        elif chat and fdp.ConsumeIntInRange(0, 3):  # mostly a message list to get past
             value.setdefault("messages", [{"role": "user", "content": "hi"}])
         elif not chat and fdp.ConsumeIntInRange(0, 3):
             value.setdefault("prompt", "hi")
         body = orjson.dumps(value)
     route = serving.chat if chat else serving.completions
+    started = time.monotonic()
     try:
         loop.run_until_complete(route(Request("POST", "/v1/chat/completions" if chat
                                               else "/v1/completions", {}, body)))
@@ -147,6 +200,7 @@ def one_input(data: bytes, serving: OpenAIServing, loop) -> None:
         assert 400 <= exc.status < 500, (exc.status, exc.message)
     else:
         raise AssertionError("the fake engine admits nothing without add_request")
+    assert time.monotonic() - started < BOMB_S, f"{time.monotonic() - started:.1f} s for a request"
 
 
 def make_serving(model: str | None) -> OpenAIServing:
@@ -157,7 +211,8 @@ def make_serving(model: str | None) -> OpenAIServing:
         from make_tiny_model import make_tiny_model
 
         model = str(make_tiny_model(Path(tempfile.mkdtemp(prefix="pyserve-fuzz-")), "llama"))
-    config = Config.from_flat(model=model)
+    config = Config.from_flat(model=model, trust_request_chat_template=True)
+    template_budget.RENDER_SECONDS = RENDER_S  # the budget's shape, not its full ten seconds
     return OpenAIServing(AdmissionEngine(load_tokenizer(Path(model))), config.server)
 
 

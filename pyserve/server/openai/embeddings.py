@@ -31,6 +31,7 @@ from pyserve.errors import InvalidRequest
 from pyserve.pooling_params import PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
+from pyserve.server.openai.pooling_window import pool_in_windows
 from pyserve.server.request_limits import MAX_PROMPTS
 from pyserve.server.values import brief, field
 
@@ -196,30 +197,14 @@ class OpenAIServingEmbedding:
                            "retry later", headers=[("retry-after", "1")])
         base, client_id = self.serving._base_id(request, body)
         request_id = prefix + base
-        streams = []
-        try:
-            try:
-                for i, (text, ids) in enumerate(inputs):
-                    rid = f"{request_id}-{i}" + (f"-{uuid.uuid4().hex[:8]}" if client_id else "")
-                    streams.append((rid, self.engine.add_pooling_request(ids, params, rid, text,
-                                                                         priority)))
-            except InvalidRequest as exc:
-                raise APIError(400, exc.message, exc.param) from None
-            except EngineDeadError as exc:
-                raise APIError(503, str(exc)) from None
-            pooled = []
-            for _, stream in streams:
-                final = None
-                async for final in stream:
-                    pass
-                if final is None or final.pooled is None:
-                    raise APIError(500, "the request was aborted before its embedding was computed")
-                pooled.append(final.pooled)
+        rids = [f"{request_id}-{i}" + (f"-{uuid.uuid4().hex[:8]}" if client_id else "")
+                for i in range(len(inputs))]
+        try:  # a window at a time: a request sent meanwhile waits behind one window at most
+            pooled = await pool_in_windows(self.engine, inputs, rids, params, priority)
+        except InvalidRequest as exc:
+            raise APIError(400, exc.message, exc.param) from None
         except EngineDeadError as exc:
             raise APIError(503, str(exc)) from None
-        finally:  # the client went away, a refusal, or done: nothing may keep running
-            for rid, _ in streams:
-                self.engine.discard(rid)
         return {"id": request_id, "pooled": pooled,
                 "prompt_tokens": sum(len(ids) for _, ids in inputs),
                 "longest": max(len(ids) for _, ids in inputs)}
