@@ -146,9 +146,11 @@ def test_thinking_history_and_tool_errors():
         {"role": "user", "content": "Q"},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hmm.", "signature": "s"},
                                           {"type": "redacted_thinking", "data": "opaque"},
-                                          {"type": "text", "text": "A"}]},
+                                          {"type": "text", "text": "A"},
+                                          {"type": "tool_use", "id": "t", "name": "add", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "boom",
                                       "is_error": True}]}])
+    assert got["messages"][1].pop("tool_calls")[0]["id"] == "t"
     assert got["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "A"}],
                                   "reasoning_content": "Hmm."}
     assert got["messages"][2] == {"role": "tool", "tool_call_id": "t", "content": "Error: boom"}
@@ -176,7 +178,8 @@ def test_text_blocks_tool_use_and_tool_results_in_order():
             {"type": "text", "text": "Adding.", "citations": None},
             {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3},
              "caller": {"type": "direct"}},
-            {"type": "tool_use", "id": "toolu_2", "name": "add", "input": {"a": "é", "b": 0}}]},
+            {"type": "tool_use", "id": "toolu_2", "name": "add", "input": {"a": "é", "b": 0}},
+            {"type": "tool_use", "id": "toolu_3", "name": "add", "input": {}}]},
         {"role": "user", "content": [
             {"type": "text", "text": "Here:"},
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"},
@@ -187,7 +190,7 @@ def test_text_blocks_tool_use_and_tool_results_in_order():
     got = body(messages=messages, tools=[ADD], tool_choice={"type": "none"})["messages"]
     assert [m["role"] for m in got] == ["user", "assistant", "user", "tool", "tool", "tool", "user"]
     calls = got[1]["tool_calls"]
-    assert [c["id"] for c in calls] == ["toolu_1", "toolu_2"]
+    assert [c["id"] for c in calls] == ["toolu_1", "toolu_2", "toolu_3"]
     assert calls[0] == {"id": "toolu_1", "type": "function",
                         "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
     assert json.loads(calls[1]["function"]["arguments"]) == {"a": "é", "b": 0}

@@ -96,8 +96,9 @@ def _thinking_text(block: dict, where: str) -> str:
     return block["thinking"]
 
 
-def _turn(i: int, message) -> list[dict]:
-    """One Anthropic message -> its chat messages (a user's tool results split it)."""
+def _turn(i: int, message, calls_before: set[str]) -> list[dict]:
+    """One Anthropic message -> its chat messages (a user's tool results split it, each
+    answering a tool_use of calls_before's: the assistant turn before it)."""
     where = f"messages[{i}]"
     if not isinstance(message, dict) or message.get("role") not in _ROLES:
         fail(where, "must be an object with role \"user\", \"assistant\" or \"system\"")
@@ -122,7 +123,12 @@ def _turn(i: int, message) -> list[dict]:
             if parts:
                 out.append({"role": "user", "content": parts})
                 parts = []
-            out.append(_tool_message(block, at))
+            result = _tool_message(block, at)
+            if result["tool_call_id"] not in calls_before:  # Anthropic's 400 too
+                fail(at, f"tool_result answers tool_use_id {brief(result['tool_call_id'])}, but the "
+                      "assistant message before it holds no tool_use block of that id: each "
+                      "tool_result must answer a tool_use of the previous message")
+            out.append(result)
         elif kind in ("image", "document"):
             fail(at, f"{kind} blocks are not supported: {_TEXT_ONLY}")
         elif kind == "thinking" and role == "assistant":
@@ -221,6 +227,9 @@ def conversation(system, messages: list) -> list[dict]:
     _check_block_count(system, messages)
     leading = [] if system is None or system == "" or system == [] else _system_parts(system, "system")
     chat: list[dict] = []
+    # the tool_use ids of the assistant turn before (consecutive assistant messages are one
+    # turn, as are consecutive user messages): what a tool_result may answer
+    calls: set[str] = set()
     for i, message in enumerate(messages):
         if isinstance(message, dict) and message.get("role") == "system":
             check_keys(message, f"messages[{i}]", {"role", "content"})
@@ -230,7 +239,11 @@ def conversation(system, messages: list) -> list[dict]:
             elif parts:
                 _remind(chat, parts)
             continue
-        _extend(chat, _turn(i, message))
+        turn = _turn(i, message, calls)
+        if turn[0]["role"] == "assistant":
+            ids = {call["id"] for call in turn[0].get("tool_calls", ())}
+            calls = calls | ids if chat and chat[-1]["role"] == "assistant" else ids
+        _extend(chat, turn)
     if not chat:
         fail("messages", "must hold a user or assistant message")
     _join_reasoning(chat)

@@ -22,6 +22,7 @@ import logging
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 import orjson
 import torch
@@ -182,9 +183,15 @@ class OpenAIServingEmbedding:
         return None, cut(ids)  # a cut text no longer matches its ids
 
     # -- running -------------------------------------------------------------------------------
-    async def _run(self, request: Request, body: dict, params: PoolingParams, prefix: str) -> dict:
+    async def _run(self, request: Request, body: dict, params: PoolingParams, prefix: str,
+                   where: Callable[[int], str] = "input[{}]".format) -> dict:
+        """where: input i's place in the request (/rerank's "documents[2]"), whose head a
+        refusal of that input names."""
         inputs = await self._inputs(body)
-        width = self.engine.hidden_size if params.dimensions is None else params.dimensions
+        self._check_lengths(inputs, where)
+        # a dimensions past the hidden size is admission's 400, which names it: the bound on
+        # the values returned must not name input for it first
+        width = min(self.engine.hidden_size, params.dimensions or self.engine.hidden_size)
         rows_each = [len(ids) if params.task == "token_embed" else 1 for _, ids in inputs]
         if sum(rows_each) * width > MAX_POOLED_VALUES:
             raise APIError(400, f"the request would return {sum(rows_each) * width} values, more than "
@@ -208,6 +215,18 @@ class OpenAIServingEmbedding:
         return {"id": request_id, "pooled": pooled,
                 "prompt_tokens": sum(len(ids) for _, ids in inputs),
                 "longest": max(len(ids) for _, ids in inputs)}
+
+    def _check_lengths(self, inputs: list[tuple[str | None, list[int]]],
+                       where: Callable[[int], str]) -> None:
+        """Admission's 400 for an input over the model's length, said here, where the input's
+        place in the request is known."""
+        limit = self.engine.max_model_len
+        for i, (_, ids) in enumerate(inputs):
+            if len(ids) > limit:
+                name = where(i)
+                raise APIError(400, f"{name}: this model's maximum context length is {limit} tokens, "
+                               f"and {name} holds {len(ids)}; shorten it, or set truncate_prompt_tokens",
+                               name.split("[", 1)[0])
 
     async def _response(self, rows: dict, kind: str, key: str, fmt: str,
                         encoding: tuple[str, str]) -> Response:

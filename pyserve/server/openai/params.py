@@ -75,6 +75,9 @@ def check_unsupported(body: dict, stream: bool) -> None:
         raise APIError(400, "best_of > 1 is not supported", "best_of")
     if body.get("suffix") is not None:
         raise APIError(400, "suffix is not currently supported", "suffix")
+    if body.get("allowed_token_ids") == []:  # allowing nothing must not read as allowing all
+        raise APIError(400, "allowed_token_ids is not None and empty!",  # vLLM's words
+                       "allowed_token_ids")
     for name in _UNIMPLEMENTED:
         if body.get(name) not in (None, [], {}, ""):  # empty is vLLM's own default: absent
             raise APIError(400, f"{name} is not supported by this server", name)

@@ -64,7 +64,7 @@ class OpenAIServingScores:
         if len(firsts) != 1 and len(firsts) != len(seconds):
             raise APIError(400, f"{first} holds {len(firsts)} texts and {second} {len(seconds)}: give "
                            f"one of {first}, or as many as {second}", first)
-        scores, rows = await self._cosines(request, body, firsts, seconds, "score-", second)
+        scores, rows = await self._cosines(request, body, firsts, seconds, "score-", first, second)
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
         return Response(200, orjson.dumps({
             "id": rows["id"], "object": "list", "created": int(time.time()),
@@ -88,7 +88,8 @@ class OpenAIServingScores:
                                            "usage": _usage(rows), "results": results}))
 
     async def _cosines(self, request: Request, body: dict, firsts: list[str], seconds: list[str],
-                       prefix: str, second: str = "documents") -> tuple[list[float], dict]:
+                       prefix: str, first: str = "query",
+                       second: str = "documents") -> tuple[list[float], dict]:
         """Each first against its second (one first: against every second): cosines of their
         normalised embeddings, and the run's id and prompt tokens."""
         if len(firsts) + len(seconds) > MAX_INPUTS:
@@ -101,7 +102,18 @@ class OpenAIServingScores:
         except InvalidRequest as exc:  # a model that cannot embed
             raise APIError(400, exc.message, exc.param) from None
         shared = {name: body[name] for name in _SHARED if name in body}
-        rows = await self.embedding._run(request, {**shared, "input": firsts + seconds}, params, prefix)
+
+        def where(i: int) -> str:  # the request's name for text i (firsts, then seconds)
+            if i >= len(firsts):
+                return f"{second}[{i - len(firsts)}]"
+            return first if len(firsts) == 1 else f"{first}[{i}]"
+        try:
+            rows = await self.embedding._run(request, {**shared, "input": firsts + seconds}, params,
+                                             prefix, where)
+        except APIError as exc:  # another refusal of a text (the KV cache's room): the texts' field
+            if exc.param != "input":
+                raise
+            raise APIError(exc.status, exc.message, second, exc.headers) from None
         vectors = torch.stack([p.float().reshape(-1) for p in rows["pooled"]])
         left, right = vectors[:len(firsts)], vectors[len(firsts):]
         if len(firsts) == 1:

@@ -446,7 +446,14 @@ class OpenAIServing:
         try:
             await self.engine.compile_grammar(spec, GRAMMAR_COMPILE_TIMEOUT_S)
         except GrammarError as exc:
-            raise APIError(400, exc.message, source) from None
+            message = exc.message
+            if forced is not None:  # the grammar is the tools' parameters: say whose
+                name = forced_tool_name(body.get("tool_choice"))
+                message = (f"the tool {brief(name)}, which tool_choice forces, has parameters that "
+                           f"cannot be enforced: {message}" if name is not None else
+                           f"tool_choice \"required\" cannot be enforced over these tools' "
+                           f"parameters: {message}")
+            raise APIError(400, message, source) from None
         return dataclasses.replace(params, structured_outputs=spec)
 
     async def _respond(self, request, body, prompts, params, stream: bool, chat: bool,
