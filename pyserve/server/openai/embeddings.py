@@ -29,12 +29,12 @@ import torch
 
 from pyserve.engine.async_engine import AsyncEngine, EngineDeadError
 from pyserve.errors import InvalidRequest
-from pyserve.pooling_params import PoolingParams
+from pyserve.pooling_params import TASKS, PoolingParams
 from pyserve.server.errors import APIError
 from pyserve.server.http import Request, Response
 from pyserve.server.openai.pooling_window import pool_in_windows
 from pyserve.server.request_limits import MAX_PROMPTS
-from pyserve.server.values import brief, field
+from pyserve.server.values import field, one_of
 
 logger = logging.getLogger("pyserve.requests")
 
@@ -82,6 +82,8 @@ class OpenAIServingEmbedding:
         hidden state). dimensions is vLLM's 400 here."""
         body = self.serving.parse_body(request)
         task = field(body, "task", str, "embed")
+        if task not in TASKS:  # vLLM's words: the same for a task no model here can do
+            raise APIError(400, f"Unsupported task: {task!r}. Supported tasks: {list(TASKS)}", "task")
         if body.get("dimensions") is not None:
             raise APIError(400, "dimensions is currently not supported", "dimensions")
         params, fmt = self._params(body, _POOLING_FIELDS, task)
@@ -99,15 +101,9 @@ class OpenAIServingEmbedding:
                            heapq.nsmallest(20, unknown),
                            f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
         fmt = field(body, "encoding_format", str, "float")
-        if fmt not in ENCODING_FORMATS:
-            raise APIError(400, f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, got "
-                           f"{brief(fmt)}", "encoding_format")
-        if field(body, "embed_dtype", str, "float32") not in EMBED_DTYPES:
-            raise APIError(400, f"embed_dtype must be one of {', '.join(EMBED_DTYPES)}, got "
-                           f"{brief(body['embed_dtype'])}", "embed_dtype")
-        if field(body, "endianness", str, "native") not in ENDIANNESS:
-            raise APIError(400, f"endianness must be one of {', '.join(ENDIANNESS)}, got "
-                           f"{brief(body['endianness'])}", "endianness")
+        one_of("encoding_format", fmt, ENCODING_FORMATS)
+        one_of("embed_dtype", field(body, "embed_dtype", str, "float32"), tuple(EMBED_DTYPES))
+        one_of("endianness", field(body, "endianness", str, "native"), ENDIANNESS)
         field(body, "user", str)  # accepted, as OpenAI's: it names the end user, nothing more
         # every input is embedded at its own length: padding to a length would change a
         # mean pool, and asking not to pad asks for nothing
