@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pyserve.engine import beam_driver
 from pyserve.engine.completion import StepCompletion
 from pyserve.engine.core import EngineCore
+from pyserve.engine.grammar_lanes import GrammarLanes
 from pyserve.engine.output import CompletionOutput, RequestOutput
 from pyserve.engine.step_chain import StepChain
 from pyserve.errors import InvalidRequest
 from pyserve.executor.threads import run_parallel_regions_serially, serial_thread_pool  # noqa: F401 (the server's)
 from pyserve.pooling_params import ModelPooler, PoolingParams
-from pyserve.structured.compiler import GrammarError
 from pyserve.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("pyserve")
@@ -69,7 +69,7 @@ class AsyncEngine:
         self.dead_reason: str | None = None
         self.died = asyncio.Event()  # set once the engine can never step again
         self._completion: StepCompletion | None = None  # CUDA: made on the first step
-        self._grammar_thread: ThreadPoolExecutor | None = None  # made on the first grammar
+        self._grammar_lanes: GrammarLanes | None = None  # made on the first grammar
         self._chain: StepChain | None = None  # async scheduling (CPU), made by start()
 
     @classmethod
@@ -153,21 +153,13 @@ class AsyncEngine:
         return self.core.has_unfinished()
 
     async def compile_grammar(self, spec, timeout_s: float) -> None:
-        """Compiles a structured-output grammar into the engine's cache off the event loop,
-        so that admitting the request finds it compiled. GrammarError if it cannot be
-        compiled, or not within timeout_s (the compile goes on, and is cached, in the
-        background)."""
-        grammars = self.core.grammars
-        if grammars.cached(spec) is not None:
-            return
-        if self._grammar_thread is None:
-            self._grammar_thread = serial_thread_pool(2, "pyserve-grammar")
-        future = asyncio.wrap_future(self._grammar_thread.submit(grammars.compile, spec))
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except asyncio.TimeoutError:
-            raise GrammarError("structured_outputs", f"the grammar did not compile within "
-                               f"{timeout_s:g} s; simplify it") from None
+        """Compiles a structured-output grammar into the engine's cache off the event loop
+        (engine/grammar_lanes.py), so that admitting the request finds it compiled.
+        GrammarError if it is too big, the compile queues are full, or it cannot be compiled,
+        or not within timeout_s."""
+        if self._grammar_lanes is None:
+            self._grammar_lanes = GrammarLanes(self.core.grammars)
+        await self._grammar_lanes.compile(spec, timeout_s)
 
     @property
     def grammar_stats(self) -> dict:
@@ -214,8 +206,8 @@ class AsyncEngine:
                 pass
             self._task = None
         self._model_thread.shutdown(wait=True)
-        if self._grammar_thread is not None:
-            self._grammar_thread.shutdown(wait=False, cancel_futures=True)
+        if self._grammar_lanes is not None:
+            self._grammar_lanes.shutdown()
         if self._completion is not None:
             self._completion.close()
             self._completion = None

@@ -4,8 +4,10 @@ A StructuredOutputsParams becomes an xgrammar CompiledGrammar: a JSON schema, th
 JSON grammar (json_object), a regex, a choice (an EBNF alternation of the literal strings), an
 EBNF grammar or a structural tag. Compiled grammars live in an LRU bounded by entry count and
 by their own memory size, keyed by a hash of the request's canonical form, so the tool schema
-an agent sends on every turn compiles once. Compilation is thread-safe and runs where the
-caller puts it (the async engine: a worker thread with a time budget).
+an agent sends on every turn compiles once. A spec too big to compile is refused before
+anything runs (limits.py). Compilation is thread-safe and runs where the caller puts it (the
+server: engine/grammar_lanes.py, a thread for small grammars, a killable process for big
+ones, compile_process.py, whose results store() caches).
 
 The tokenizer's vocabulary is read by xgrammar once, on the first grammar (a second or so
 for a 50k vocabulary), so a server that never sees one never pays for it."""
@@ -19,6 +21,7 @@ from collections import OrderedDict
 
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import StructuredOutputsParams
+from pyserve.structured.limits import choice_count_limit, spec_text_limit
 
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_BYTES = 256 * 1024**2
@@ -40,8 +43,12 @@ class GrammarError(InvalidRequest):
     """The grammar cannot be compiled (an invalid schema, regex or grammar)."""
 
 
-def canonical_key(spec: StructuredOutputsParams) -> str:
+def canonical_text(spec: StructuredOutputsParams) -> str:
+    """The spec as one JSON text (its cache key's source), held to limits.py's sizes: a
+    GrammarError naming structured_outputs if it is too big to compile."""
     value = getattr(spec, spec.kind)
+    if spec.kind == "choice" and (why := choice_count_limit(value)):
+        raise GrammarError("structured_outputs", why)
     if spec.kind == "json" and isinstance(value, str):
         try:
             value = json.loads(value)
@@ -49,7 +56,17 @@ def canonical_key(spec: StructuredOutputsParams) -> str:
             raise GrammarError("structured_outputs", f"the JSON schema is not valid JSON: {exc}") from None
     text = json.dumps([spec.kind, value, spec.disable_any_whitespace, spec.disable_additional_properties],
                       sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    if why := spec_text_limit(spec.kind, text):
+        raise GrammarError("structured_outputs", why)
+    return text
+
+
+def key_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def canonical_key(spec: StructuredOutputsParams) -> str:
+    return key_of(canonical_text(spec))
 
 
 def choice_grammar(choices: list[str]) -> str:
@@ -74,6 +91,45 @@ def _check_schema(schema) -> dict:
     return schema
 
 
+def compile_spec(compiler, spec: StructuredOutputsParams):
+    """spec compiled by an xgrammar GrammarCompiler (this process's or a worker's); a
+    GrammarError if it cannot be."""
+    kind = spec.kind
+    try:
+        if kind == "json":
+            schema = _check_schema(spec.json)
+            if spec.disable_additional_properties and isinstance(schema, dict):
+                schema = {"additionalProperties": False, **schema}
+            return compiler.compile_json_schema(json.dumps(schema),
+                                                any_whitespace=not spec.disable_any_whitespace)
+        if kind == "json_object":  # an object, as vLLM (and OpenAI's JSON mode) mean it
+            return compiler.compile_json_schema('{"type": "object"}',
+                                                any_whitespace=not spec.disable_any_whitespace)
+        if kind == "regex":
+            return compiler.compile_regex(spec.regex)
+        if kind == "choice":
+            return compiler.compile_grammar(choice_grammar(list(spec.choice)))
+        if kind == "grammar":
+            return compiler.compile_grammar(spec.grammar)
+        return _structural_tag(compiler, spec.structural_tag)
+    except GrammarError:
+        raise
+    except Exception as exc:  # xgrammar's parse and compile errors: the request's fault
+        raise GrammarError("structured_outputs", f"cannot compile the {kind.replace('_', ' ')}: "
+                           f"{str(exc).strip() or type(exc).__name__}") from None
+
+
+def _structural_tag(compiler, text: str):
+    import xgrammar as xgr
+
+    tag = json.loads(text)
+    if isinstance(tag, dict) and "structures" in tag:  # the older form vLLM also reads
+        items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                 for s in tag["structures"]]
+        return compiler.compile_structural_tag(items, tag["triggers"])
+    return compiler.compile_structural_tag(text)
+
+
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
                  max_entries: int = MAX_CACHED_GRAMMARS, max_bytes: int = MAX_CACHED_BYTES):
@@ -85,6 +141,7 @@ class GrammarCompiler:
         self._stop_token_ids = list(stop_token_ids)
         self._max_entries, self._max_bytes = max_entries, max_bytes
         self._compiler = None
+        self._info = None  # xgrammar's TokenizerInfo, read with the compiler
         self._cache: OrderedDict[str, object] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # the cache; xgrammar's compiler is thread-safe itself
@@ -98,15 +155,27 @@ class GrammarCompiler:
 
                 hf = getattr(self._tokenizer, "transformers_tokenizer", None)
                 hf = hf() if callable(hf) else self._tokenizer
-                info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
-                                                          stop_token_ids=self._stop_token_ids)
+                self._info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
+                                                                stop_token_ids=self._stop_token_ids)
                 # its own cache off: ours below is bounded by count and bytes
-                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+                self._compiler = xgr.GrammarCompiler(self._info, max_threads=2, cache_enabled=False)
             return self._compiler
 
-    def cached(self, spec: StructuredOutputsParams):
+    def tokenizer_info_json(self) -> str:
+        """The vocabulary as xgrammar reads it, for a compiler in another process."""
+        self._xgr_compiler()
+        return self._info.serialize_json()
+
+    def deserialize(self, text: str):
+        """A CompiledGrammar that another process compiled (CompiledGrammar.serialize_json)."""
+        import xgrammar as xgr
+
+        self._xgr_compiler()
+        return xgr.CompiledGrammar.deserialize_json(text, self._info)
+
+    def cached(self, spec: StructuredOutputsParams, key: str | None = None):
         """The compiled grammar if it is cached, else None (no compilation)."""
-        key = canonical_key(spec)
+        key = key or canonical_key(spec)
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None:
@@ -124,53 +193,21 @@ class GrammarCompiler:
                 self.hits += 1
                 return compiled
             self.misses += 1
-        compiled = self._compile(spec)
-        size = compiled.memory_size_bytes
+        compiled = compile_spec(self._xgr_compiler(), spec)
+        self.store(key, compiled)
+        return compiled
+
+    def store(self, key: str, compiled) -> None:
+        """Caches a grammar compiled elsewhere (or here), the least recently used out."""
         with self._lock:
             if key not in self._cache:
                 self._cache[key] = compiled
-                self._bytes += size
-            while self._cache and (len(self._cache) > self._max_entries or self._bytes > self._max_bytes):
+                self._bytes += compiled.memory_size_bytes
+            # the newest stays, however big: its request is admitted next and must find it
+            while len(self._cache) > 1 and (len(self._cache) > self._max_entries
+                                            or self._bytes > self._max_bytes):
                 _, old = self._cache.popitem(last=False)
                 self._bytes -= old.memory_size_bytes
-        return compiled
-
-    def _compile(self, spec: StructuredOutputsParams):
-        compiler = self._xgr_compiler()
-        kind = spec.kind
-        try:
-            if kind == "json":
-                schema = _check_schema(spec.json)
-                if spec.disable_additional_properties and isinstance(schema, dict):
-                    schema = {"additionalProperties": False, **schema}
-                return compiler.compile_json_schema(json.dumps(schema),
-                                                    any_whitespace=not spec.disable_any_whitespace)
-            if kind == "json_object":  # an object, as vLLM (and OpenAI's JSON mode) mean it
-                return compiler.compile_json_schema('{"type": "object"}',
-                                                    any_whitespace=not spec.disable_any_whitespace)
-            if kind == "regex":
-                return compiler.compile_regex(spec.regex)
-            if kind == "choice":
-                return compiler.compile_grammar(choice_grammar(list(spec.choice)))
-            if kind == "grammar":
-                return compiler.compile_grammar(spec.grammar)
-            return self._structural_tag(compiler, spec.structural_tag)
-        except GrammarError:
-            raise
-        except Exception as exc:  # xgrammar's parse and compile errors: the request's fault
-            raise GrammarError("structured_outputs", f"cannot compile the {kind.replace('_', ' ')}: "
-                               f"{str(exc).strip() or type(exc).__name__}") from None
-
-    @staticmethod
-    def _structural_tag(compiler, text: str):
-        import xgrammar as xgr
-
-        tag = json.loads(text)
-        if isinstance(tag, dict) and "structures" in tag:  # the older form vLLM also reads
-            items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
-                     for s in tag["structures"]]
-            return compiler.compile_structural_tag(items, tag["triggers"])
-        return compiler.compile_structural_tag(text)
 
     def matcher(self, compiled):
         import xgrammar as xgr

@@ -1,0 +1,55 @@
+"""How big a grammar request may be, checked before anything is compiled, and which lane its
+compile takes.
+
+A grammar's compile time grows faster than its size (with a 512-token vocabulary on one
+core: 250 choices of 250 characters, 64 KB, in 1.6 s; 500 of them in 6.4 s; 100,000 short
+choices in 35-90 s; a schema of 200 optional properties, 5.5 KB, in 4 s). A spec past
+MAX_CHOICES or MAX_SPEC_CHARS is a 400 naming its field before anything runs. vLLM has no
+such limits; 1,000 is OpenAI's cap on a structured-output schema's enum values.
+
+Size alone cannot bound the time (a short schema of many optional properties is slow), so a
+spec that may be slow (is_big: long text, many subschemas, a large repetition such as
+"a{0,5000}") compiles in a worker process that is killed when no request waits for it any
+more (engine/grammar_lanes.py), and never holds the threads that compile small grammars."""
+
+from __future__ import annotations
+
+import re
+
+MAX_CHOICES = 1_000
+MAX_SPEC_CHARS = 64 * 1024  # a schema's, regex's, grammar's or structural tag's text; choices in all
+# a spec under all three compiles in milliseconds; past any, it may take seconds
+SMALL_SPEC_CHARS = 4 * 1024
+SMALL_SUBSCHEMAS = 32  # "{": each property, item or branch of a schema is an object
+SMALL_REPEAT = 1_024
+
+# a bounded repetition in a regex or EBNF ("{5000}", "{0,5000}"), or a JSON schema's bounds
+_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+# (a structural tag's schemas are JSON inside a JSON string: their quotes come escaped)
+_SCHEMA_BOUND = re.compile(r'"(?:minItems|maxItems|minLength|maxLength|minProperties|maxProperties)\\?"'
+                           r"\s*:\s*(\d+)")
+
+
+def spec_text_limit(kind: str, text: str) -> str | None:
+    """Why a spec of this kind and (canonical) text is too big to compile, else None."""
+    if len(text) > MAX_SPEC_CHARS:
+        what = "the choices" if kind == "choice" else f"the {kind.replace('_', ' ')}"
+        return (f"{what} take {len(text):,} characters; at most {MAX_SPEC_CHARS:,} can be compiled; "
+                "send a smaller one")
+    return None
+
+
+def choice_count_limit(choices) -> str | None:
+    """Checked before the choices are even serialized: the count alone refuses a huge list."""
+    if len(choices) > MAX_CHOICES:
+        return f"{len(choices):,} choices; at most {MAX_CHOICES:,} can be compiled; send fewer"
+    return None
+
+
+def is_big(text: str) -> bool:
+    """Whether the spec (its canonical text) may take seconds to compile: then it compiles in
+    the killable worker process rather than in a thread."""
+    if len(text) > SMALL_SPEC_CHARS or text.count("{") > SMALL_SUBSCHEMAS:
+        return True
+    return any(len(n) > 6 or int(n) > SMALL_REPEAT for pattern in (_REPEAT, _SCHEMA_BOUND)
+               for match in pattern.finditer(text) for n in match.groups() if n)
