@@ -34,7 +34,7 @@ IMPLEMENTED = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                        "add_generation_prompt", "continue_final_message", "documents", "chat_template",
                        "chat_template_kwargs", "parallel_tool_calls", "include_reasoning", "echo",
-                       "reasoning_effort"},
+                       "reasoning_effort", "prompt_token_ids"},
 }
 NO_EFFECT = {"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
              "prompt_cache_retention",
@@ -56,6 +56,9 @@ REFUSED_UNLESS_DEFAULT = {
     "return_prompt_text": False, "watermarking": None, "media_io_kwargs": None,
     "ec_transfer_params": None,
 }
+# why a refused field cannot be honoured, where the field's name does not say it
+_WHY = {"logprob_token_ids": "logprobs here are the sampled token's and the top_logprobs most "
+                             "likely ones, never those of token ids a request names"}
 # per route, vLLM fields of that route pyserve does not implement, or the other route's fields
 _ROUTE_REFUSED = {"completions": {"messages": None, "tools": None, "tool_choice": None,
                                   "max_completion_tokens": None},
@@ -69,7 +72,8 @@ def check_fields(body: dict, route: str) -> None:
         # for the legacy function_call, with no `functions` to call)
         if name in body and body[name] is not None and body[name] not in (
                 default if isinstance(default, tuple) else (default,)):
-            raise APIError(400, f"{name} is not supported on this endpoint by this server", name)
+            why = f": {_WHY[name]}" if name in _WHY else ""
+            raise APIError(400, f"{name} is not supported on this endpoint by this server{why}", name)
     unknown = (set(body) - IMPLEMENTED[route] - NO_EFFECT - set(REFUSED_UNLESS_DEFAULT)
                - set(_ROUTE_REFUSED[route]))
     log_ignored_fields(unknown)

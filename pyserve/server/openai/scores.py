@@ -38,8 +38,8 @@ _SHARED = {"model", "truncate_prompt_tokens", "truncation_side", "add_special_to
            "request_id", "user"}
 _LIMITS = {"max_tokens_per_query", "max_tokens_per_doc", "padding"}
 # /score's pairs of fields, in the order vLLM tries its request forms
-_SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
-_SCORE_FIELDS = _SHARED | _LIMITS | {name for pair in _SCORE_PAIRS for name in pair} | {"encoding_format"}
+SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
+_SCORE_FIELDS = _SHARED | _LIMITS | {name for pair in SCORE_PAIRS for name in pair} | {"encoding_format"}
 _RERANK_FIELDS = _SHARED | _LIMITS | {"query", "documents", "top_n", "return_documents"}
 # a score is a cosine of normalised embeddings: asking for it unnormalised asks for another score
 _COSINE_ONLY = ("normalize", "use_activation")
@@ -57,9 +57,9 @@ class OpenAIServingScores:
         body = _checked(self.serving.parse_body(request), _SCORE_FIELDS)
         if field(body, "encoding_format", str, "float") != "float":
             raise APIError(400, "encoding_format: scores are floats", "encoding_format")
-        first, second = (next((p for p in _SCORE_PAIRS if p[0] in body and p[1] in body), None)
-                         or next((p for p in _SCORE_PAIRS[::-1] if p[0] in body or p[1] in body),
-                                 _SCORE_PAIRS[0]))  # a pair half given: name its missing half
+        first, second = (next((p for p in SCORE_PAIRS if p[0] in body and p[1] in body), None)
+                         or next((p for p in SCORE_PAIRS[::-1] if p[0] in body or p[1] in body),
+                                 SCORE_PAIRS[0]))  # a pair half given: name its missing half
         firsts, seconds = _texts(body, first), _texts(body, second)
         if len(firsts) != 1 and len(firsts) != len(seconds):
             raise APIError(400, f"{first} holds {len(firsts)} texts and {second} {len(seconds)}: give "

@@ -368,7 +368,8 @@ class OpenAIServing:
         forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
         params = beam_search_params(body, await self._constrained(body, params, forced))
         requested = requested_max_tokens(body, chat=True)
-        prompt = await self._chat_prompt(body, tools, requested, drop_old_turns=drop_old_turns)
+        prompt = (self._tokens_in(body) if body.get("prompt_token_ids") is not None else
+                  await self._chat_prompt(body, tools, requested, drop_old_turns=drop_old_turns))
         if fit_max_tokens or requested is None:  # vLLM caps a limit the client did not set
             params = self._fitted(params, len(prompt), refuse=fit_max_tokens)
         # vLLM: the response speaks as --response-role after a generation prompt, else it
@@ -391,6 +392,17 @@ class OpenAIServing:
         return await self._respond(request, body, [(None, prompt)], params, stream, chat=True,
                                    role=role, output=output, as_data=as_data, chat_echo=echo_text,
                                    report_cached=report_cached)
+
+    def _tokens_in(self, body: dict) -> list[int]:
+        """A chat request's own prompt_token_ids (newer vLLM's, for a router that rendered and
+        tokenized the conversation already): the prompt as given, not rendered again. The
+        messages are still required and read (the response's role and echo come from them)."""
+        template_messages(body)
+        ids = body["prompt_token_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise APIError(400, "prompt_token_ids must be a non-empty list of token ids",
+                           "prompt_token_ids")
+        return token_ids("prompt_token_ids", ids, self.engine.vocab_size)
 
     def _fitted(self, params, prompt_tokens: int, refuse: bool = True):
         """params with max_tokens at most the room a prompt of prompt_tokens leaves (the

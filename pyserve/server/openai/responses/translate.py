@@ -83,6 +83,9 @@ REFUSED_UNLESS_DEFAULT = {"prompt": None, "conversation": None,
                           "cache_salt": None, "previous_input_messages": None,
                           "enable_response_messages": False, "mm_processor_kwargs": None,
                           "kv_transfer_params": None}
+# why a refused field cannot be honoured, where its name does not say it
+_WHY = {"enable_response_messages": "a response carries no input_messages or output_messages "
+                                    "(vLLM's lists of the prompt's and the answer's messages)"}
 # OpenAI's include values; those of what pyserve never outputs (hosted tools', encrypted reasoning)
 # ask for nothing
 INCLUDES = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
@@ -120,7 +123,8 @@ def check_fields(body: dict) -> None:
     for name, default in REFUSED_UNLESS_DEFAULT.items():
         if body.get(name) not in (None, default):
             raise APIError(400, f"{name} is not supported by this server"
-                           + (f" (only {json.dumps(default)})" if default is not None else ""), name)
+                           + (f" (only {json.dumps(default)})" if default is not None else "")
+                           + (f": {_WHY[name]}" if name in _WHY else ""), name)
     include = body.get("include")
     if include is not None:
         if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
