@@ -86,20 +86,22 @@ def user(content) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
+# case -> () -> (path, body, status): built when the case runs (megabytes of text)
 TOKENIZING = {
-    "completions_2mb_prompt": ("/v1/completions", {"prompt": text(2_000_000), "max_tokens": 1}, 400),
-    "chat_1mb_message": ("/v1/chat/completions", {"messages": user(text(1_000_000)), "max_tokens": 1},
-                         400),
-    "count_tokens_1mb": ("/v1/messages/count_tokens", {"messages": user(text(1_000_000))}, 200),
-    "input_tokens_1mb_instructions": ("/v1/responses/input_tokens",
-                                      {"input": "hi", "instructions": text(1_000_000)}, 200),
-    "tokenize_1mb": ("/tokenize", {"prompt": text(1_000_000)}, 200),
+    "completions_2mb_prompt": lambda: ("/v1/completions", {"prompt": text(2_000_000), "max_tokens": 1},
+                                       400),
+    "chat_1mb_message": lambda: ("/v1/chat/completions",
+                                 {"messages": user(text(1_000_000)), "max_tokens": 1}, 400),
+    "count_tokens_1mb": lambda: ("/v1/messages/count_tokens", {"messages": user(text(1_000_000))}, 200),
+    "input_tokens_1mb_instructions": lambda: ("/v1/responses/input_tokens",
+                                              {"input": "hi", "instructions": text(1_000_000)}, 200),
+    "tokenize_1mb": lambda: ("/tokenize", {"prompt": text(1_000_000)}, 200),
 }
 
 
 @pytest.mark.parametrize("case", sorted(TOKENIZING))
 def test_tokenizing_megabytes_leaves_the_loop_answering(server, case):
-    path, body, expected = TOKENIZING[case]
+    path, body, expected = TOKENIZING[case]()
     status, answer = watched(server, path, {"model": MODEL, **body})
     assert status == expected, answer
     if expected == 400:  # the prompt is longer than the tiny model's 512 tokens: after tokenizing
@@ -129,58 +131,47 @@ def test_thousands_of_reasoning_items_are_joined_in_linear_time(server):
     assert status == 200 and answer["input_tokens"] > 0, answer
 
 
-def refused(status: int, answer: dict, *words: str, param: str | None = None) -> None:
-    """A 400 (OpenAI's shape, or Anthropic's: both carry error.message) holding each of words."""
-    assert status == 400, answer
-    assert all(word in answer["error"]["message"] for word in words), answer
+def blocks(n: int, kind: str = "text", text: str = "") -> list[dict]:
+    return [{"type": kind, "text": text}] * n
+
+
+def tool_call_turns(turns: int, calls: int = 1000) -> list[dict]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    return user("hi") + [{"role": "assistant", "content": "", "tool_calls": [call] * calls}] * turns
+
+
+# case -> () -> (path, body, words the 400 says, its param): bodies of hundreds of thousands of
+# objects are refused before they are parsed (server/json_size.py); within that, the
+# conversation's own caps are counted before its walk
+REFUSED = {
+    "5000_user_turns_of_100_blocks": lambda: (
+        "/v1/messages", {"max_tokens": 1, "messages": [user(blocks(100, text="x" * 20))[0]] * 5000},
+        "JSON objects and arrays", None),
+    "900k_blocks": lambda: ("/v1/messages", {"max_tokens": 1, "messages": user(blocks(900_000))},
+                            "JSON objects and arrays", None),
+    "900k_responses_parts": lambda: ("/v1/responses", {"input": user(blocks(900_000, "input_text"))},
+                                     "JSON objects and arrays", None),
+    "200k_tool_calls": lambda: ("/v1/chat/completions",
+                                {"max_tokens": 1, "messages": tool_call_turns(200)},
+                                "JSON objects and arrays", None),
+    "20k_blocks": lambda: ("/v1/messages", {"max_tokens": 1, "messages": user(blocks(20_000))},
+                           "content blocks", None),
+    "20k_responses_parts": lambda: ("/v1/responses", {"input": user(blocks(20_000, "input_text"))},
+                                    "content parts", "input"),
+    "15k_tool_calls": lambda: ("/v1/chat/completions",
+                               {"max_tokens": 1, "messages": tool_call_turns(15)},
+                               "tool calls in all", "messages"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_counts_past_a_cap_are_refused_before_the_walk(server, case):
+    path, body, words, param = REFUSED[case]()
+    status, answer = watched(server, path, {"model": MODEL, **body})
+    # OpenAI's shape or Anthropic's: both carry error.message
+    assert status == 400 and words in answer["error"]["message"], answer
     if param is not None:
         assert answer["error"]["param"] == param, answer
-
-
-# bodies of hundreds of thousands of objects: refused before they are parsed (json_size.py)
-def test_thousands_of_consecutive_user_turns_of_many_blocks_are_refused_unparsed(server):
-    turn = {"role": "user", "content": [{"type": "text", "text": "x" * 20}] * 100}
-    refused(*watched(server, "/v1/messages", {"model": MODEL, "max_tokens": 1,
-                                              "messages": [turn] * 5000}), "JSON objects and arrays")
-
-
-def test_a_message_of_900k_blocks_is_refused_unparsed(server):
-    blocks = [{"type": "text", "text": ""}] * 900_000
-    refused(*watched(server, "/v1/messages", {"model": MODEL, "max_tokens": 1,
-                                              "messages": user(blocks)}), "JSON objects and arrays")
-
-
-def test_900k_responses_content_parts_are_refused_unparsed(server):
-    parts = [{"type": "input_text", "text": ""}] * 900_000
-    refused(*watched(server, "/v1/responses", {"model": MODEL, "input": user(parts)}),
-            "JSON objects and arrays")
-
-
-def test_200k_tool_calls_are_refused_unparsed(server):
-    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}] * 1000
-    turn = {"role": "assistant", "content": "", "tool_calls": calls}
-    body = {"model": MODEL, "max_tokens": 1, "messages": user("hi") + [turn] * 200}
-    refused(*watched(server, "/v1/chat/completions", body), "JSON objects and arrays")
-
-
-# within the body's cap, the conversation's own caps, counted before the walk
-def test_blocks_past_the_cap_are_refused_before_the_walk(server):
-    blocks = [{"type": "text", "text": "x"}] * 20_000
-    refused(*watched(server, "/v1/messages", {"model": MODEL, "max_tokens": 1,
-                                              "messages": user(blocks)}), "content blocks")
-
-
-def test_responses_parts_past_the_cap_are_refused_before_the_walk(server):
-    parts = [{"type": "input_text", "text": "x"}] * 20_000
-    refused(*watched(server, "/v1/responses", {"model": MODEL, "input": user(parts)}),
-            "content parts", param="input")
-
-
-def test_tool_calls_across_messages_are_capped_before_their_arguments_are_read(server):
-    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}] * 1000
-    turn = {"role": "assistant", "content": "", "tool_calls": calls}
-    body = {"model": MODEL, "max_tokens": 1, "messages": user("hi") + [turn] * 15}
-    refused(*watched(server, "/v1/chat/completions", body), "tool calls in all", param="messages")
 
 
 # -- item 6: a template's time and output are budgeted, and it renders off the loop ----------
