@@ -101,6 +101,16 @@ class ServerProcess:
             self._reader.join(timeout=10)
         return "".join(self._lines)
 
+    def logged(self, text: str, wait_s: float = 5.0) -> bool:
+        """Whether the server's log holds text, waiting up to wait_s for it (a line written as
+        a response went out may reach the reader thread a moment after the client has it)."""
+        deadline = time.monotonic() + wait_s
+        while text not in self.output():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.debug_endpoints and sig == signal.SIGTERM and self.proc.poll() is None:
             try:

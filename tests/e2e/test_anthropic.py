@@ -179,6 +179,25 @@ def test_bad_inputs_are_anthropic_errors(client):
         stream=True), 400, "invalid_request_error")
 
 
+def test_server_tools_are_left_out_and_named_in_the_log(server, client):
+    """A server tool beside a client tool: the server tool is left out of the prompt and the
+    log names the message; a tool_choice that forces it is a 400 naming it."""
+    web_search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+    kw = dict(model=MODEL, max_tokens=40, messages=ASK, tool_choice={"type": "tool", "name": "add"})
+    out = client.messages.create(tools=[ADD, web_search], **kw)
+    assert [b.type for b in out.content] == ["tool_use"] and out.content[0].name == "add"
+    assert client.messages.count_tokens(model=MODEL, messages=ASK, tools=[ADD, web_search]).input_tokens \
+        == client.messages.count_tokens(model=MODEL, messages=ASK, tools=[ADD]).input_tokens
+    with client.messages.stream(tools=[ADD, web_search], **kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (out, streamed):
+        assert server.logged(f"request {message.id}: hosted tools left out of the prompt (this "
+                             "server does not run them): web_search_20250305")
+    assert "web_search" in _refused(lambda: client.messages.create(
+        **{**kw, "tool_choice": {"type": "tool", "name": "web_search"}}, tools=[ADD, web_search]),
+        400, "invalid_request_error")
+
+
 def test_unknown_fields_are_ignored_as_vllm_ignores_them(client):
     """An SDK's newer field does not break a request (vLLM's request model ignores extras);
     the answer is the one without it."""

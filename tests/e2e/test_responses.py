@@ -32,10 +32,15 @@ def scripted(text: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(default_model_dir):
+def server(default_model_dir):
     srv = ServerProcess("--served-model-name", MODEL)
-    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    yield srv
     assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 def ask(client, **kw):
@@ -321,8 +326,34 @@ def test_truncation_auto_drops_the_oldest_exchanges(client):
         ask(client, input=items[:1], truncation="auto")
 
 
+def test_hosted_tools_are_left_out_and_named_in_the_log(server, client):
+    """Codex's request: function tools, a namespace of them and the hosted web_search, store
+    false, streamed. web_search is left out of the prompt (as vLLM leaves it out) and the
+    server's log names the response; the answer is the one without it. (Before: a 400.)"""
+    web_search = {"type": "web_search", "external_web_access": False}
+    agents = {"type": "namespace", "name": "agents", "description": "Sub-agents", "tools": [ADD]}
+    kw = dict(extra_body=scripted(PARIS), store=False, parallel_tool_calls=True,
+              include=["reasoning.encrypted_content"])
+    whole = ask(client, tools=[WEATHER, agents, web_search], **kw)
+    assert whole.status == "completed" and whole.output_text == PARIS
+    assert [t.type for t in whole.tools] == ["function", "namespace", "web_search"]  # the echo
+    without = ask(client, tools=[WEATHER, agents], **kw)
+    assert without.usage.input_tokens == whole.usage.input_tokens
+    with client.responses.stream(model=MODEL, input="What is the capital of France?",
+                                 temperature=0, max_output_tokens=40,
+                                 tools=[WEATHER, agents, web_search], **kw) as stream:
+        streamed = stream.get_final_response()
+    assert streamed.output_text == PARIS
+    for response in (whole, streamed):
+        assert server.logged(f"request {response.id}: hosted tools left out of the prompt (this "
+                             "server does not run them): web_search")
+    assert f"request {without.id}:" not in server.output()
+
+
 @pytest.mark.parametrize("kw,status,param", [
-    (dict(tools=[{"type": "web_search"}]), 400, "tools"),
+    (dict(tools=[{"type": "custom", "name": "apply_patch"}]), 400, "tools"),
+    (dict(tools=[ADD, {"type": "web_search"}], tool_choice={"type": "web_search"}), 400, "tool_choice"),
+    (dict(tools=[{"type": "web_search"}], tool_choice="required"), 400, "tool_choice"),
     (dict(previous_response_id="resp_does_not_exist"), 404, "previous_response_id"),
     (dict(reasoning={"effort": "extreme"}), 400, "reasoning"),  # the chat path's check
     (dict(reasoning={"effort": "low", "summary": "brief"}), 400, "reasoning"),

@@ -11,7 +11,7 @@ import uvloop
 
 from pyserve.server.anthropic import AnthropicServing
 from pyserve.server.anthropic import serving as anthropic_serving
-from pyserve.server.anthropic.request import chat_body, thinking_omitted
+from pyserve.server.anthropic.request import chat_body, server_tools, thinking_omitted
 from pyserve.server.anthropic.response import MessageEvents, message
 from pyserve.server.errors import APIError, anthropic_error_type
 from pyserve.server.http import Request, StreamingResponse
@@ -324,8 +324,20 @@ def test_tools_and_tool_choice():
     assert info.value.param == "tool_choice"
 
 
+def test_server_tools_are_left_out_of_the_prompt():
+    web = {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}
+    got = body(tools=[web, ADD, {"type": "mcp_toolset", "mcp_server_name": "m"}])
+    assert [t["function"]["name"] for t in got["tools"]] == ["add"]
+    assert server_tools([web, ADD]) == {"web_search": "web_search_20250305"}
+    alone = body(tools=[web], tool_choice={"type": "auto"})
+    assert "tools" not in alone and "tool_choice" not in alone
+
+
 @pytest.mark.parametrize("request_fields,param", [
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}, ADD],
+      "tool_choice": {"type": "tool", "name": "web_search"}}, "tool_choice"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}],
+      "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"tools": [{"name": "x"}]}, "tools"),
     ({"tools": [{"name": "", "input_schema": {}}]}, "tools"),
     ({"tools": [{"name": "x", "input_schema": {}, "defer_loading": True}]}, "tools"),

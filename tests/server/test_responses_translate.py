@@ -18,7 +18,7 @@ from pyserve.server.openai.responses import ResponsesAPI, ResponseStore
 from pyserve.server.openai.responses.output import Turn
 from pyserve.server.openai.messages import fit_by_dropping_turns, with_allowed_tools, without_oldest_turns
 from pyserve.server.openai.responses.items import input_messages, with_answer
-from pyserve.server.openai.responses.translate import chat_body
+from pyserve.server.openai.responses.translate import chat_body, hosted_tools
 from pyserve.server.openai.streaming import ChunkStream
 
 EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
@@ -154,6 +154,23 @@ def test_a_forced_call_takes_no_text_format_and_max_tool_calls_is_echoed():
     assert refused({"input": "x", "max_tool_calls": 0}).param == "max_tool_calls"
 
 
+def test_hosted_tools_are_left_out_of_the_prompt():
+    """Codex's request: function tools and a namespace beside web_search; the hosted tools
+    (namespace members too) are left out, as vLLM leaves them out, the others kept in order."""
+    crm = {"type": "namespace", "name": "crm", "tools": [{**ADD, "name": "lookup"},
+                                                        {"type": "file_search"}]}
+    tools = [ADD, {"type": "web_search", "external_web_access": False}, crm,
+             {"type": "mcp", "server_label": "m", "server_url": "http://x"}]
+    chat, _ = chat_body({"input": "x", "tools": tools}, [])
+    assert [t["function"]["name"] for t in chat["tools"]] == ["add", "crm__lookup"]
+    assert hosted_tools(tools) == ["web_search", "file_search", "mcp"]
+    only_hosted, _ = chat_body({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "auto"}, [])
+    assert "tools" not in only_hosted and "tool_choice" not in only_hosted
+    allowed, _ = chat_body({"input": "x", "tools": tools, "tool_choice": {
+        "type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}, {"type": "function", "name": "add"}]}}, [])
+    assert allowed["tool_choice"]["allowed_tools"]["tools"] == [{"type": "function", "function": {"name": "add"}}]
+
+
 def test_namespace_tools_are_flat_chat_functions_named_back():
     """The Agents SDK's tool_namespace(): each function is namespace__name on the chat path
     (vLLM's flat names), and its calls come back named with their namespace."""
@@ -207,12 +224,14 @@ def test_allowed_tools_show_and_hold_only_the_named_tools():
     assert [t["function"]["name"] for t in seen["tools"]] == ["sub"] and seen["tool_choice"] == "required"
     for bad in ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "mul"}]},
                 {"type": "allowed_tools", "mode": "sometimes", "tools": []},
-                {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]},
                 {"type": "allowed_tools", "mode": "auto", "tools": ["add"]}):
         chat, _ = chat_body({"input": "x", "tools": [ADD], "tool_choice": bad}, [])
         with pytest.raises(APIError) as info:
             with_allowed_tools(chat)
         assert info.value.param == "tool_choice"
+    # hosted tools alone allowed: nothing the model can call ("required": a 400, below)
+    hosted = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "x"}]}
+    assert chat_body({"input": "x", "tools": [ADD], "tool_choice": hosted}, [])[0]["tool_choice"] == "none"
     refusal = input_messages([{"type": "message", "role": "assistant",
                                "content": [{"type": "refusal", "refusal": "No."}]}])
     assert refusal == [{"role": "assistant", "content": "No."}]
@@ -256,8 +275,12 @@ def test_stream_asks_the_chat_path_for_usage_and_extras_pass_through():
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"input": "x", "tools": [{"type": "web_search"}, ADD, {"type": "file_search"}]}, "tools",
-     "web_search, file_search"),
+    ({"input": "x", "tools": [{"type": "custom", "name": "patch"}, ADD]}, "tools", "custom"),
+    ({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice",
+     "web_search"),
+    ({"input": "x", "tools": [ADD, {"type": "mcp", "server_label": "m"}], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "mcp", "server_label": "m"}]}},
+     "tool_choice", "mcp"),
     ({"input": "x", "reasoning": {"effort": "low", "summary": "brief"}}, "reasoning", "summary"),
     ({"input": "x", "reasoning": {"budget": 5}}, "reasoning", "budget"),
     ({"input": "x", "reasoning": "low"}, "reasoning", "object"),

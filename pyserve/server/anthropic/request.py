@@ -36,7 +36,9 @@
                                           description as JSON lines, eager_input_streaming
                                           accepted (input_json_delta is always streamed),
                                           defer_loading false accepted (true: tool search,
-                                          a 400)
+                                          a 400); server tools (a type other than custom:
+                                          web_search_20250305, mcp_toolset, ...) left out of
+                                          the prompt (hosted_tools.py)
     tool_choice auto | any | tool | none  "auto" | "required" | a named function | "none";
                                           disable_parallel_tool_use -> parallel_tool_calls false
     thinking enabled | adaptive           the chat template's enable_thinking true (set by
@@ -56,7 +58,7 @@
 
 pyserve's own sampling and structured-output fields (vLLM's extras, e.g. `structured_outputs`)
 pass through with their chat meaning. A 400 names what this server cannot honour: images and
-documents (the models served take text only), server tools, REFUSED below
+documents (the models served take text only), a tool_choice that forces a server tool, REFUSED below
 (MCP servers, containers, OpenAI chat fields that would change the answer). Other unknown
 fields are ignored with a warning naming them in the log, as vLLM ignores them. Errors are
 APIError(400, message, param), with Anthropic's field names."""
@@ -67,6 +69,7 @@ import json
 
 from pyserve.server.anthropic.conversation import check_keys, conversation, fail
 from pyserve.server.errors import APIError
+from pyserve.server.hosted_tools import forced_hosted_tool
 from pyserve.server.request_limits import MAX_MESSAGES, MAX_STOP, MAX_STOP_CHARS, MAX_TOOLS
 from pyserve.server.values import brief, field, log_ignored_fields
 
@@ -96,6 +99,20 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 THINKING_SIGNATURE = "pyserve"  # a thinking block's signature: nothing here checks it
 
 
+def server_tools(tools) -> dict[str, str]:
+    """A request's server tools (any tool with a type other than custom: web_search_20250305,
+    mcp_toolset, ...): name (or type, for one without a name) -> type. They are left out of
+    the prompt (hosted_tools.py)."""
+    out = {}
+    for tool in tools if isinstance(tools, list) else ():
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in (None, "custom"):
+            kind = kind if isinstance(kind, str) else brief(kind)
+            name = tool.get("name")
+            out[name if isinstance(name, str) else kind] = kind
+    return out
+
+
 def _tools(tools) -> list[dict]:
     if not isinstance(tools, list):
         fail("tools", "must be a list")
@@ -107,7 +124,7 @@ def _tools(tools) -> list[dict]:
         if not isinstance(tool, dict):
             fail(where, "must be an object")
         if tool.get("type") not in (None, "custom"):
-            fail(f"{where}.type", f"server tools ({brief(tool['type'])}) are not supported by this server")
+            continue  # a server tool: left out of the prompt (server_tools names it)
         check_keys(tool, where, {"type", "name", "description", "input_schema", "strict",
                                   "input_examples", "eager_input_streaming", "defer_loading"})
         if not isinstance(tool.get("name"), str) or not tool["name"]:
@@ -134,14 +151,23 @@ def _tools(tools) -> list[dict]:
     return out
 
 
-def _tool_choice(choice, body: dict) -> None:
+def _tool_choice(choice, body: dict, left_out: dict[str, str]) -> None:
+    """left_out: the server tools left out of the prompt (a choice that forces one is a 400)."""
     if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
         fail("tool_choice", "must be an object with a type: auto, any, tool or none")
     kind = choice["type"]
+    if left_out and not body.get("tools"):  # every tool was a server tool, left out
+        if kind == "any":
+            fail("tool_choice", forced_hosted_tool(brief(next(iter(left_out.values()))), "tool_choice any"))
+        if kind in ("auto", "none"):
+            return  # nothing left to choose among
     if kind == "tool":
         check_keys(choice, "tool_choice", {"type", "name", "disable_parallel_tool_use"})
         if not isinstance(choice.get("name"), str) or not choice["name"]:  # vLLM's words
             fail("tool_choice.name", "tool_choice.name is required when type is 'tool'")
+        if choice["name"] in left_out:
+            fail("tool_choice.name", forced_hosted_tool(f"{brief(choice['name'])} "
+                                                        f"({brief(left_out[choice['name']])})", "tool_choice"))
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     elif kind in _TOOL_CHOICES:
         allowed = {"type"} if kind == "none" else {"type", "disable_parallel_tool_use"}
@@ -288,7 +314,7 @@ def chat_body(request, route: str = "messages") -> tuple[dict, list[str]]:
         if tools:  # Anthropic takes an empty list as no tools (chat, vLLM's check, refuses it)
             body["tools"] = tools
     if request.get("tool_choice") is not None:
-        _tool_choice(request["tool_choice"], body)
+        _tool_choice(request["tool_choice"], body, server_tools(request.get("tools")))
     for name in PASSTHROUGH:
         if request.get(name) is not None and name in FIELDS[route]:
             body[name] = request[name]

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from pyserve.server.anthropic.request import chat_body, thinking_omitted
-from pyserve.server.anthropic.response import MessageEvents, message
+from pyserve.server.anthropic.request import chat_body, server_tools, thinking_omitted
+from pyserve.server.anthropic.response import MessageEvents, message, message_id
 from pyserve.server.errors import APIError, anthropic_error_response
+from pyserve.server.hosted_tools import log_left_out
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.messages import tool_mode
 from pyserve.server.openai.serving import json_object, off_loop_for_large_body
@@ -37,17 +38,19 @@ class AnthropicServing:
         """serving: the server's OpenAIServing."""
         self.serving = serving
 
-    async def _request(self, request: Request, route: str) -> tuple[dict, list[str], bool]:
-        """(the chat body, the stop sequences, whether thinking text is left out)."""
+    async def _request(self, request: Request, route: str) -> tuple[dict, list[str], bool, list[str]]:
+        """(the chat body, the stop sequences, whether thinking text is left out, the types of
+        the server tools left out of the prompt)."""
         raw = json_object(request)
         body, stops = await off_loop_for_large_body(request, chat_body, raw, route)
         self.serving.check_model(body["model"])
-        return body, stops, thinking_omitted(raw)
+        return body, stops, thinking_omitted(raw), list(server_tools(raw.get("tools")).values())
 
     async def messages(self, request: Request) -> Response | StreamingResponse:
         try:
-            body, stops, omitted = await self._request(request, "messages")
+            body, stops, omitted, left_out = await self._request(request, "messages")
             result = await self.serving.chat_result(request, body)
+            log_left_out(message_id(result.id if body.get("stream") else result["id"]), left_out)
             if not body.get("stream"):
                 return Response(200, orjson.dumps(message(result, stops, omitted)))
         except APIError as exc:
@@ -89,7 +92,7 @@ class AnthropicServing:
     async def count_tokens(self, request: Request) -> Response:
         """{"input_tokens": N}: the translated request's prompt as the chat template renders it."""
         try:
-            body, _, _ = await self._request(request, "count_tokens")
+            body, _, _, _ = await self._request(request, "count_tokens")
             ids = await self.serving._chat_prompt(body, tool_mode(body, False, False)[1])
         except APIError as exc:
             return _refusal(exc)

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from pyserve.server.errors import APIError
+from pyserve.server.hosted_tools import log_left_out
 from pyserve.server.http import Request, Response, StreamingResponse
 from pyserve.server.openai.messages import tool_mode
 from pyserve.server.openai.params import field
@@ -22,7 +23,7 @@ from pyserve.server.openai.responses.background import KEPT_EVENT_LOGS, Backgrou
 from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.items import with_answer
-from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields
+from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, hosted_tools
 
 logger = logging.getLogger("pyserve.requests")
 
@@ -69,6 +70,7 @@ class ResponsesAPI:
             chat["tool_choice"] = "none"
         keep = field(body, "store", bool, True)
         turn = Turn(body, self.serving.defaults, self.serving.model_name)
+        log_left_out(turn.id, hosted_tools(body.get("tools")))
         try:
             result = await self.serving.chat_result(request, chat, fit_max_tokens=True,
                                                     drop_old_turns=body.get("truncation") == "auto",

@@ -13,11 +13,14 @@ messages by items.py, for the prompt and for the store that later turns build on
     temperature, top_p              the same
     tools (function tools)          chat tools {"type": "function", "function": {...}}; a
                                     namespace tool's functions named namespace__name (vLLM's
-                                    flat names), their calls named back with a namespace
+                                    flat names), their calls named back with a namespace;
+                                    hosted tools (web_search, file_search, mcp, ...) left out
+                                    of the prompt, as vLLM leaves them out (hosted_tools.py);
+                                    custom (free-form) tools a 400
     tool_choice                     "auto" | "none" | "required" the same; {"type":
                                     "function", "name"} -> {"type": "function", "function":
                                     {"name"}}; allowed_tools: only the tools it names, in its
-                                    mode
+                                    mode; one that forces a hosted tool is a 400
     text.format                     response_format: json_schema {name, schema, strict},
                                     json_object, or nothing for text; with a forced tool call
                                     (required, a named function) none: that turn's answer is
@@ -41,13 +44,14 @@ structured_outputs, skip_special_tokens, include_stop_str_in_output, logit_bias,
 request_id) pass through to the chat path, which reads them as it does on chat. Fields vLLM's
 request does not know are ignored with a warning naming them in the log, as on the chat route
 and in vLLM (whose request model allows extra fields). OpenAI fields pyserve does not implement
-are a 400 naming the field: hosted tools, and the rest of OpenAI's stateful features."""
+are a 400 naming the field: custom tools, and the rest of OpenAI's stateful features."""
 
 from __future__ import annotations
 
 import json
 
 from pyserve.server.errors import APIError
+from pyserve.server.hosted_tools import forced_hosted_tool
 from pyserve.server.openai.responses.items import (NAMESPACE_SEPARATOR, continues_last_message,
                                                    current_turn_reasoning, input_messages)
 from pyserve.server.request_limits import MAX_TOOLS
@@ -176,13 +180,35 @@ def _check_metadata(metadata) -> None:
                            f"at most {METADATA_VALUE}", "metadata")
 
 
+def hosted_tools(tools) -> list[str]:
+    """The types of the hosted tools in a request's tools (namespace members too): everything
+    but function, namespace and custom tools, which are left out of the prompt (hosted_tools.py)."""
+    kinds = []
+    for tool in tools if isinstance(tools, list) else ():
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        members = tool.get("tools") if kind == "namespace" else None
+        for member in members if isinstance(members, list) else ():
+            inner = member.get("type") if isinstance(member, dict) else None
+            if isinstance(inner, str) and _is_hosted(inner):
+                kinds.append(inner)
+        if isinstance(kind, str) and _is_hosted(kind):
+            kinds.append(kind)
+    return kinds
+
+
+def _is_hosted(kind: str) -> bool:
+    return kind not in ("function", "namespace", "custom")
+
+
 def chat_tools(tools) -> list[dict] | None:
+    """The function tools (a namespace's named namespace__name), in the chat form; hosted
+    tools left out, as vLLM leaves them out; custom (free-form) tools a 400."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise APIError(400, "tools must be a list", "tools")
     capped("tools", tools, MAX_TOOLS, "tools")
-    out, hosted = [], []
+    out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if not isinstance(kind, str):
@@ -193,20 +219,25 @@ def chat_tools(tools) -> list[dict] | None:
                 raise APIError(400, f"tools[{i}]: a namespace tool needs a name and a list of tools",
                                "tools")
             for j, member in enumerate(inner):
-                if not isinstance(member, dict) or member.get("type") != "function":
-                    hosted.append(f"{member.get('type') if isinstance(member, dict) else member} "
-                                  f"(in namespace {tool['name']})")
-                    continue
-                out.append(_function(member, f"tools[{i}].tools[{j}]", tool["name"] + NAMESPACE_SEPARATOR))
+                member_kind = member.get("type") if isinstance(member, dict) else None
+                if member_kind == "function":
+                    out.append(_function(member, f"tools[{i}].tools[{j}]",
+                                         tool["name"] + NAMESPACE_SEPARATOR))
+                elif not isinstance(member_kind, str) or not _is_hosted(member_kind):
+                    _refuse_tool(f"tools[{i}].tools[{j}]", member_kind)
             continue
-        if kind != "function":
-            hosted.append(kind)
-            continue
-        out.append(_function(tool, f"tools[{i}]"))
-    if hosted:
-        raise APIError(400, "tool types not supported by this server: "
-                       f"{', '.join(dict.fromkeys(hosted))}; only function tools are", "tools")
+        if kind == "function":
+            out.append(_function(tool, f"tools[{i}]"))
+        elif not _is_hosted(kind):
+            _refuse_tool(f"tools[{i}]", kind)
     return out
+
+
+def _refuse_tool(at: str, kind) -> None:
+    if kind == "custom":
+        raise APIError(400, f"{at}: custom (free-form) tools are not supported by this server; "
+                       "only function tools are", "tools")
+    raise APIError(400, f"{at} must be an object with a type", "tools")
 
 
 def _function(tool: dict, at: str, prefix: str = "") -> dict:
@@ -253,17 +284,28 @@ def chat_tool_choice(choice, has_tools: bool):
         return None  # "auto" without tools asks for nothing
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         # the chat form, which the chat path reads and checks: {"type": "function", "name"}
-        # entries become {"type": "function", "function": {"name"}}; anything else goes as it is
+        # entries become {"type": "function", "function": {"name"}}; anything else goes as it is;
+        # hosted tools' entries are left out with the tools (required with only those: a 400)
         spec = {key: value for key, value in choice.items() if key != "type"}
         if isinstance(spec.get("tools"), list):
+            listed = spec["tools"]
             spec["tools"] = [{"type": t.get("type"), "function": {"name": t.get("name")}}
-                             if isinstance(t, dict) else t for t in spec["tools"]]
+                             if isinstance(t, dict) else t for t in listed
+                             if not (isinstance(t, dict) and isinstance(t.get("type"), str)
+                                     and _is_hosted(t["type"]))]
+            if listed and not spec["tools"] and spec.get("mode") == "required":
+                raise APIError(400, forced_hosted_tool(brief(listed[0]["type"]), "tool_choice"),
+                               "tool_choice")
+            if listed and not spec["tools"]:
+                return "none"  # auto among hosted tools alone: nothing the model can call
         return {"type": "allowed_tools", "allowed_tools": spec}
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(kind, str) and _is_hosted(kind):
+        raise APIError(400, forced_hosted_tool(brief(kind), "tool_choice"), "tool_choice")
     if isinstance(kind, str) and kind != "function":
         raise APIError(400, f"tool_choice type {brief(kind)} is not supported by this server; only "
                        "function tools are", "tool_choice")
@@ -360,6 +402,10 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
     tools = chat_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
+    hosted = hosted_tools(body.get("tools"))
+    if body.get("tool_choice") == "required" and hosted and not tools:
+        raise APIError(400, forced_hosted_tool(brief(hosted[0]), "tool_choice \"required\""),
+                       "tool_choice")
     choice = _qualified_names(chat_tool_choice(body.get("tool_choice"), bool(tools)),
                               namespaced_names(body.get("tools")))
     if choice is not None:
