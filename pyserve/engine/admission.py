@@ -48,6 +48,11 @@ def _admissible_max_tokens(prompt_token_ids: list[int], params: SamplingParams, 
     vocab, max_len = limits.vocab_size, limits.max_model_len
     if n == 0:
         raise InvalidRequest("prompt", "The decoder prompt cannot be empty")  # vLLM's words
+    if params.max_tokens is not None and params.max_tokens > max_len:
+        # vLLM's first length check (its TokenizeParams), before the prompt is weighed: Claude
+        # Code's max_tokens 32000 against a smaller --max-model-len meets this one
+        raise InvalidRequest("max_tokens", f"max_tokens={params.max_tokens} cannot be greater than "
+                             f"max_model_len={max_len}. Please request fewer output tokens.")
     # the length before the ids (vLLM reads the ids first): a prompt of megabytes is refused
     # without a walk over it on the event loop, so what is walked is at most max_model_len
     if n >= max_len:

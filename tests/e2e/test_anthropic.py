@@ -173,6 +173,11 @@ def test_bad_inputs_are_anthropic_errors(client):
     assert "mcp_servers" in _refused(lambda: client.messages.create(
         model=MODEL, max_tokens=4, messages=ASK, extra_body={"mcp_servers": [{"name": "x"}]}), 400,
         "invalid_request_error")
+    # Claude Code's max_tokens 32000 beyond the model length (8,192): vLLM's check and words
+    assert _refused(lambda: client.messages.create(model=MODEL, max_tokens=32000, messages=ASK,
+                                                   stream=True), 400,
+                    "invalid_request_error") == ("max_tokens=32000 cannot be greater than "
+                                                 "max_model_len=8192. Please request fewer output tokens.")
     # the stream's refusals come before any event, as HTTP errors
     assert "tool_choice" in _refused(lambda: client.messages.create(
         model=MODEL, max_tokens=4, messages=ASK, tools=[ADD], tool_choice={"type": "tool", "name": "sub"},
