@@ -8,10 +8,12 @@ import random
 import re
 import time
 
+import orjson
 import pytest
 
 from pyserve.server.openai.tool_parsers import TOOL_PARSERS, tool_parser
 from pyserve.server.openai.tool_parsers.json_stream import JsonStream, Malformed, canonical_json
+from pyserve.server.strict_json import json_text
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -279,7 +281,7 @@ def test_arguments_stream_as_they_arrive():
 
 @pytest.mark.parametrize("obj,arguments", [
     ('{"name": "f", "arguments": "{\\"a\\":1}"}', '{"a": 1}'),  # JSON in a string: decoded
-    ('{"name": "f", "arguments": "not json"}', "not json"),  # a plain string is passed as it is
+    ('{"name": "f", "arguments": "not json"}', '"not json"'),  # a plain string: the JSON string
     ('{"name": "f", "arguments": null}', "{}"),
     ('{"name": "f"}', "{}"),
     ('{"id": 7, "name": "f", "extra": [1, {"x": "}"}], "arguments": {"b": 2}}', '{"b": 2}'),
@@ -329,11 +331,14 @@ def test_canonical_json_matches_json_dumps():
             assert pos == len(piece) or js.done
             out.append(js.take())
         assert "".join(out) == want and canonical_json(raw) == want
+    # where json.dumps writes what strict parsers refuse (a lone surrogate, NaN, Infinity), the
+    # canonical form is strict: U+FFFD and null (server/strict_json.py)
     for raw in ['"\\ud83d\\ude00"', '"\\ud83d\\ud83d\\ude00"', '"\\ud83dx"', '"\\udc00"',
                 '"\\ud83d\\n"', '"\\ud83d"', '-0', '1E5', '1e400', '-1e400', '0.10', '[NaN, -Infinity]',
                 '{"a": [], "b": {}}', '"\\u0000\\u001F\\u007f\\u2028"']:
-        want = json.dumps(json.loads(raw), ensure_ascii=False)
+        want = json_text(json.loads(raw))
         assert canonical_json(raw) == want, raw
+        orjson.loads(want)
         for cut in range(1, len(raw)):
             js = JsonStream()
             js.feed(raw[:cut], 0)
@@ -452,3 +457,39 @@ def test_generated_outputs_round_trip(fmt):
                    for c in got.tool_calls)
         for pieces in [list(text), random_splits(text, rng, 3), random_splits(text, rng, 20)]:
             check_stream(fmt, None, text, pieces)
+
+
+def test_qwen3_xml_a_python_literal_json_has_not_stays_a_string():
+    """Found by tests/fuzz/fuzz_model_text.py: an array parameter whose text literal_eval reads
+    as a list holding bytes raised TypeError out of the parser (a 500)."""
+    text = "<function=f>\n<parameter=a>\n[1, b'x']\n</parameter>\n</function>"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "array"}}}}}]
+    (call,) = tool_parser("qwen3_xml", tools).extract(text).tool_calls
+    assert json.loads(call.arguments) == {"a": "[1, b'x']"}
+
+
+NUMBERS = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "n": {"type": "number"}, "o": {"type": "object"}, "s": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("name,text,arguments", [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"n": NaN, "m": Infinity, "k": -1e999, '
+               '"s": "\\ud800\\ud83d\\ude00\\udc00"}}</tool_call>',
+     {"n": None, "m": None, "k": None, "s": "\ufffd\U0001f600\ufffd"}),
+    ("llama3_json", '{"name": "f", "arguments": "{\\"n\\": NaN, \\"s\\": \\"\\\\ud800\\"}"}',
+     {"n": None, "s": "\ufffd"}),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"n": -Infinity, "s": "x\\udbff"}', {"n": None, "s": "x\ufffd"}),
+    ("pythonic", "[f(n=1e999, m=-1e999, s='\\ud83d\\ude00\\udc00', o={'a': [1e400]})]",
+     {"n": None, "m": None, "s": "\U0001f600\ufffd", "o": {"a": [None]}}),
+    ("qwen3_xml", "<function=f>\n<parameter=n>\nNaN\n</parameter>\n<parameter=o>\n"
+                  '{"a": Infinity, "b": "\\ud800"}\n</parameter>\n</function>',
+     {"n": None, "o": {"a": None, "b": "\ufffd"}}),
+])
+def test_arguments_are_json_strict_parsers_read(name, text, arguments):
+    """Issue 68 items 1 and 7: NaN, Infinity and 1e999 were written as Python's json writes
+    them (JavaScript and Go refuse them), and an escaped lone surrogate as a code point that
+    has no UTF-8 (the response then failed); now null and U+FFFD, streamed the same."""
+    (call,) = tool_parser(name, [NUMBERS]).extract(text).tool_calls
+    assert orjson.loads(call.arguments) == arguments
+    check_stream(name, [NUMBERS], text, list(text))

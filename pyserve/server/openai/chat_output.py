@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import uuid
 
+from pyserve.server.strict_json import json_text, valid_escapes
+
 
 def call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
@@ -41,7 +43,7 @@ def _required_calls(text: str) -> list[dict]:
         return []
     if not isinstance(items, list):
         return []
-    return [_call(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False))
+    return [_call(item["name"], json_text(item.get("parameters", {})))
             for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)]
 
 
@@ -130,8 +132,8 @@ class ChoiceOutput:
         """The calls a forced answer makes: none where max_tokens cut it."""
         if engine_reason == "length":
             return []
-        if self.mode == "named":
-            return [_call(self.forced_name, answer)]
+        if self.mode == "named":  # the grammar's JSON as written, but for lone surrogates
+            return [_call(self.forced_name, valid_escapes(answer))]
         return _required_calls(answer)
 
     def _from_reasoning(self, fragments: list[dict]) -> dict:

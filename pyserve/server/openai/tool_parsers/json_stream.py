@@ -13,6 +13,10 @@ depth costs only a list entry.
 Two differences from json.loads, shared by streaming and extract() alike: raw control characters
 inside strings are accepted (strict=False) and re-escaped, and a key repeated in one object is
 kept twice where json.loads would keep the last value at the first key's position.
+
+And two from json.dumps, so that strict parsers read the output (server/strict_json.py): a \\u
+escape of a lone surrogate is written U+FFFD (a pair is joined into its character, as json.loads
+joins it), and NaN, Infinity, -Infinity and numbers beyond a double's range (1e999) are null.
 """
 
 import json
@@ -34,7 +38,10 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
 _SCALAR = re.compile(r"[0-9A-Za-z+\-.]+")
 _SCALAR_START = frozenset("-0123456789tfnNI")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
-_LITERALS = frozenset(("true", "false", "null", "NaN", "Infinity", "-Infinity"))
+_LITERALS = frozenset(("true", "false", "null"))
+# Python's json reads these and writes them back; JSON has no such numbers
+_NON_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
+_REPLACEMENT = "\ufffd"  # what a lone surrogate escape becomes
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "/", "b": "\\b", "f": "\\f", "n": "\\n", "r": "\\r",
             "t": "\\t"}
 _HEX = re.compile(r"[0-9a-fA-F]*")
@@ -202,11 +209,15 @@ class JsonStream:
         self._tok.clear()
         if tok in _LITERALS:
             canon = tok
+        elif tok in _NON_FINITE:
+            canon = "null"
         elif _NUMBER.match(tok):
             try:
                 canon = json.dumps(json.loads(tok))
             except ValueError:  # e.g. past Python's int digit limit
                 raise Malformed(pos, "bad number") from None
+            if canon in _NON_FINITE:  # 1e999: beyond a double's range
+                canon = "null"
         else:
             raise Malformed(pos, "bad literal")
         self.out.append(canon)
@@ -214,22 +225,24 @@ class JsonStream:
 
     def _code_unit(self, code: int):
         # json.loads pairs a high surrogate with an immediately following \u low surrogate and
-        # otherwise keeps each unit alone; the second unit is then read afresh.
+        # otherwise keeps each unit alone (which has no UTF-8 form: written U+FFFD here); the
+        # second unit is then read afresh.
         if self._high:
             if 0xDC00 <= code <= 0xDFFF:
                 self.out.append(chr(0x10000 + ((self._high - 0xD800) << 10) + (code - 0xDC00)))
                 self._high, self._state = 0, _STRING
                 return
-            self.out.append(chr(self._high))
+            self.out.append(_REPLACEMENT)
             self._high = 0
         if 0xD800 <= code <= 0xDBFF:
             self._high, self._state = code, _SURR_BS
         else:
-            self.out.append(escape(chr(code)))
+            self.out.append(_REPLACEMENT if 0xDC00 <= code <= 0xDFFF else escape(chr(code)))
             self._state = _STRING
 
     def _flush_high(self, state: int):
-        self.out.append(chr(self._high))
+        """The high surrogate held had no low one after it."""
+        self.out.append(_REPLACEMENT)
         self._high, self._state = 0, state
 
 
@@ -253,9 +266,9 @@ class CallObject:
     """One tool call written as a JSON object, `{"name": "...", "arguments"|"parameters": ...}`,
     other keys ignored. header(name) is called as soon as the name's string closes; the
     arguments go to args() in canonical form as they are read (held until the name is known when
-    they come first). Arguments that are a JSON string are decoded (and canonicalised when the
-    string holds JSON); null or missing arguments are "{}". Raises Malformed without a name,
-    with two names, or with both "arguments" and "parameters"."""
+    they come first). Arguments that are a JSON string holding JSON are that JSON, canonical
+    (any other string stays the JSON string); null or missing arguments are "{}". Raises
+    Malformed without a name, with two names, or with both "arguments" and "parameters"."""
 
     __slots__ = ("done", "_header", "_args", "_state", "_sub", "_role", "_parts", "_name",
                  "_has_args", "_kind", "_held")
@@ -370,9 +383,11 @@ class CallObject:
 
 
 def _scalar_arguments(canon: str) -> str:
+    """Arguments that are not an object or a list: null is none; a string holding JSON is that
+    JSON; any other string stays the JSON string it is (as vLLM writes it), so the arguments are
+    always JSON."""
     if canon == "null":
         return "{}"
     if canon.startswith('"'):
-        inner = json.loads(canon)
-        return canonical_json(inner) or inner
+        return canonical_json(json.loads(canon)) or canon
     return canon

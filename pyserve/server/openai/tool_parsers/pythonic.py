@@ -5,7 +5,8 @@
 The list must open the output (after whitespace) or follow `<|python_start|>`; text after it is
 content. Nothing is ever evaluated: the structure (names, keywords, commas, brackets) is scanned
 here, tracking Python string literals (' " ''' \"\"\", backslash escapes), and each argument value
-is converted by ast.literal_eval alone, once its end is seen, then written with json.dumps. So
+is converted by ast.literal_eval alone, once its end is seen, then written as JSON that strict
+parsers read (server/strict_json.py: `1e999` null, an escaped lone surrogate U+FFFD). So
 arguments stream a value at a time: `{"city": ` as soon as `city=` is read, the value once the
 comma or parenthesis after it arrives. Positional arguments, names that are not identifiers, or
 values literal_eval or JSON refuse (calls, f-strings, sets, bytes) make the output malformed.
@@ -14,6 +15,8 @@ values literal_eval or JSON refuse (calls, f-strings, sets, bytes) make the outp
 import ast
 import json
 import re
+
+from pyserve.server.strict_json import json_text
 
 from .base import ToolParser, skip_ws
 from .json_stream import Malformed
@@ -105,7 +108,7 @@ class _Value:
             return _CONSTANTS[raw]
         try:
             value = json.loads(raw) if _NUMBER.match(raw) else ast.literal_eval(raw)
-            return json.dumps(value, ensure_ascii=False)
+            return json_text(value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             raise Malformed(pos, "not a literal") from None
 

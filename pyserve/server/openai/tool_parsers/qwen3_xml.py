@@ -19,12 +19,15 @@ ast.literal_eval as the fallback) and stay strings when they do not parse as tha
 (any case) is null whatever the type; anything else, or a parameter the schema does not name, is
 a string. A string value streams as it arrives (held only while it could still be "null", and one
 trailing newline); a typed value is written once it ends. Arguments are
-`json.dumps(params, ensure_ascii=False)`, built piece by piece.
+`json.dumps(params, ensure_ascii=False)`, built piece by piece, with a parsed value's NaN,
+infinities and lone surrogates made strict JSON (server/strict_json.py).
 """
 
 import ast
 import json
 import re
+
+from pyserve.server.strict_json import json_text
 
 from .base import MarkerSearch, ToolParser, skip_ws
 from .json_stream import Malformed, escape
@@ -219,4 +222,9 @@ class Qwen3XmlToolParser(ToolParser):
         if self._kind == "string":
             self._args("null" if value.lower() == "null" else '"' + escape(value) + '"')
         else:
-            self._args(json.dumps(_convert(value, self._kind), ensure_ascii=False))
+            try:
+                text = json_text(_convert(value, self._kind))
+            except (TypeError, ValueError, RecursionError):
+                # literal_eval read what JSON has not (bytes, a set, a complex number): a string
+                text = '"' + escape(value) + '"'
+            self._args(text)
