@@ -4,6 +4,8 @@ Each httptools callback does one small thing. Parsed requests queue up (pipelini
 answered strictly in order by one task per connection. A handler returns a Response, or a
 StreamingResponse whose chunks are written as they come; writing a chunk waits while the
 transport's buffer is above its high-water mark, so a slow reader pauses only its own stream.
+A stream whose chunks raise still ends: with the route's error event and end marker
+(StreamingResponse.on_error), the chunked body's end, and the connection closed.
 When the peer goes away the running handler is cancelled at once, which is how a request
 in the engine gets aborted.
 
@@ -90,6 +92,10 @@ class StreamingResponse:
     chunks: AsyncIterator[bytes]
     headers: list[tuple[str, str]] = field(default_factory=list)
     content_type: str = "text/event-stream"
+    # the route's last words when its chunks raise (a bug of ours mid-stream): its error event
+    # and end marker, given the message and how many chunks went out (the next event's sequence
+    # number where each chunk is one event); the body ends after them either way
+    on_error: Callable[[str, int], bytes] | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response | StreamingResponse]]
@@ -329,19 +335,36 @@ class HTTPProtocol(asyncio.Protocol):
         if request.method == "HEAD":  # the head alone, as for a plain response
             await _close_iterator(response.chunks)
             return keep_alive
+        failed, sent = False, 0
         try:
             async for chunk in response.chunks:
                 if self._closing:
                     break
                 if chunk:
-                    self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    self._write_chunk(chunk)
+                    sent += 1
                     await self._flow.drain()
+        except Exception:  # a bug of ours: the stream still ends, or its client would hang
+            logger.exception("unhandled error streaming %s %s", request.method, request.target)
+            failed = True
         finally:
-            await _close_iterator(response.chunks)
+            try:
+                await _close_iterator(response.chunks)
+            except Exception:
+                logger.exception("unhandled error closing the stream of %s %s", request.method,
+                                 request.target)
+                failed = True
         if self._closing:
             return False
+        if failed and response.on_error is not None:
+            last_words = response.on_error("internal server error: the response stream failed", sent)
+            if last_words:
+                self._write_chunk(last_words)
         self._transport.write(b"0\r\n\r\n")
-        return keep_alive
+        return keep_alive and not failed  # after a failure the connection is not trusted
+
+    def _write_chunk(self, chunk: bytes) -> None:
+        self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
 
     # -- failures and timers ---------------------------------------------------------------------
     def _count_header_bytes(self, n: int) -> None:

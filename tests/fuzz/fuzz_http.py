@@ -33,6 +33,7 @@ SEEDS = [
     b"GET /raise HTTP/1.1\r\nConnection: close\r\n\r\n",
     b"POST /p HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
     b"GET /a HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+    b"GET /broken HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
 ]
 
 

@@ -50,9 +50,14 @@ class CountingProtocol(HTTPProtocol):
         super().on_message_begin()
 
 
+# what App's broken stream says last (StreamingResponse.on_error)
+LAST_WORDS = b'data: {"error": "stream failed"}\n\ndata: [DONE]\n\n'
+
+
 class App:
-    """Answers by target: '/stream' streams two chunks, '/raise' raises (the 500 path), others
-    echo; records each request it answered, in order."""
+    """Answers by target: '/stream' streams two chunks, '/broken' one chunk and then raises (a
+    bug mid-stream), '/raise' raises (the 500 path), others echo; records each request it
+    answered, in order."""
 
     def __init__(self):
         self.answered: list = []
@@ -61,6 +66,11 @@ class App:
         self.answered.append(request)
         if "raise" in request.target:
             raise RuntimeError("a handler bug")
+        if "broken" in request.target:
+            async def broken():
+                yield b"data: 1\n\n"
+                raise TypeError("str is not valid UTF-8: surrogates not allowed")
+            return StreamingResponse(200, broken(), on_error=lambda message, sent: LAST_WORDS)
         if "stream" in request.target:  # HEAD too, though no route streams to one yet
             async def chunks():
                 yield b"data: 1\n\n"
@@ -169,9 +179,9 @@ def _settle(loop) -> None:
     loop.run_until_complete(settle())
 
 
-def exchange(stream: bytes, pieces: int, limits, app: App, loop) -> None:
+def exchange(stream: bytes, pieces: int, limits, app: App, loop) -> FakeTransport:
     """stream sent to a fresh protocol in `pieces` pieces, as asyncio would deliver it (no
-    more once the transport is closed or paused), the answers checked."""
+    more once the transport is closed or paused), the answers checked; the transport returned."""
     transport = FakeTransport()
     protocol = CountingProtocol(app, limits)
     protocol.connection_made(transport)
@@ -185,3 +195,4 @@ def exchange(stream: bytes, pieces: int, limits, app: App, loop) -> None:
     protocol.connection_lost(None)
     _settle(loop)
     check(bytes(transport.written), app, protocol.begun)
+    return transport

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from pyserve.server.http import HTTPLimits
-from tests.fuzz.http_wire import App, Malformed, exchange
+from tests.fuzz.http_wire import LAST_WORDS, App, Malformed, exchange
 
 
 @pytest.fixture
@@ -50,3 +50,19 @@ def test_a_streamed_answer_to_head_has_no_body(loop):
     HEAD request (no GET route streams today)."""
     exchange(b"HEAD /stream HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", 1, HTTPLimits(),
              App(), loop)
+
+
+def test_a_stream_that_raises_still_ends(loop):
+    """Issue 68: a lone surrogate in model text made a stream's chunks raise (orjson refuses
+    it); the connection's task died and the client waited forever for the stream's end. Now
+    the route's last words and the chunked body's end go out, and the connection closes."""
+    logging.disable(logging.CRITICAL)
+    try:
+        transport = exchange(b"GET /broken HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n", 1,
+                             HTTPLimits(), App(), loop)
+    finally:
+        logging.disable(logging.NOTSET)
+    body = bytes(transport.written).partition(b"\r\n\r\n")[2]
+    assert body == (b"9\r\ndata: 1\n\n\r\n" + b"%x\r\n%b\r\n" % (len(LAST_WORDS), LAST_WORDS)
+                    + b"0\r\n\r\n")
+    assert transport.closed

@@ -21,17 +21,23 @@ BIG_BODY_S = 45.0  # bodies of tens of MB: sending and parsing them is most of i
 MSG = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_factory):
-    """One server per importing module; at its end the server is still up after everything
-    the module sent, every request it accepted ended, its KV blocks are all free, and it
-    stops cleanly."""
+def tiny_server(tiny_model_factory, *flags: str):
+    """A server on the tiny random model, for a module-scoped fixture to yield from; at its end
+    the server is still up after everything the module sent, every request it accepted ended,
+    its KV blocks are all free, and it stops cleanly."""
     srv = ServerProcess("--served-model-name", MODEL, "--enable-debug-endpoints",
-                        "--kv-cache-memory", "16MiB", command=("serve", str(tiny_model_factory("llama"))))
+                        "--kv-cache-memory", "16MiB", *flags,
+                        command=("serve", str(tiny_model_factory("llama"))))
     yield srv
     assert srv.proc.poll() is None, "the server died"
     assert_books_balanced(srv.url)
     assert srv.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_factory):
+    """One server per importing module (tiny_server)."""
+    yield from tiny_server(tiny_model_factory)
 
 
 @pytest.fixture(scope="module")

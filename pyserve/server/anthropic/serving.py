@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 import orjson
 
 from pyserve.server.anthropic.request import chat_body, server_tools, thinking_omitted
-from pyserve.server.anthropic.response import MessageEvents, message, message_id
+from pyserve.server.anthropic.response import MessageEvents, error_event, message, message_id
 from pyserve.server.errors import APIError, anthropic_error_response
 from pyserve.server.hosted_tools import log_left_out
 from pyserve.server.http import Request, Response, StreamingResponse
+from pyserve.server.strict_json import json_bytes
 from pyserve.server.openai.messages import tool_mode
 from pyserve.server.openai.serving import json_object, off_loop_for_large_body
 
@@ -20,7 +21,12 @@ logger = logging.getLogger("pyserve")
 
 
 def _event(kind: str, data: dict) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + json_bytes(data) + b"\n\n"
+
+
+def _stream_failed(message: str, sent: int) -> bytes:
+    """The end of a stream whose events raised (http.StreamingResponse.on_error)."""
+    return _event(*error_event(500, message))
 
 
 PING_S = 10.0  # seconds between pings while a stream waits for its next chunk
@@ -52,13 +58,13 @@ class AnthropicServing:
             result = await self.serving.chat_result(request, body)
             log_left_out(message_id(result.id if body.get("stream") else result["id"]), left_out)
             if not body.get("stream"):
-                return Response(200, orjson.dumps(message(result, stops, omitted)))
+                return Response(200, json_bytes(message(result, stops, omitted)))
         except APIError as exc:
             return _refusal(exc)
         except Exception as exc:  # a failed step (the stream's own failure is an error event)
             logger.exception("generation failed")
             return anthropic_error_response(500, f"generation failed: {exc}")
-        return StreamingResponse(200, self._events(result, stops, omitted))
+        return StreamingResponse(200, self._events(result, stops, omitted), on_error=_stream_failed)
 
     async def _events(self, chunks, stops: list[str], omitted: bool) -> AsyncIterator[bytes]:
         """message_start and a ping at once (as Anthropic sends them: a long prompt's prefill

@@ -29,9 +29,10 @@ from pyserve.server.openai.messages import (load_template, template_documents, t
 from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
                                               tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
-from pyserve.server.openai.streaming import ChunkStream, chunk_dicts, stream_chunks
+from pyserve.server.openai.streaming import ChunkStream, chunk_dicts, stream_chunks, stream_failed
 from pyserve.server.json_size import check_container_count
 from pyserve.server.request_limits import MAX_JSON_DEPTH, MAX_PROMPTS
+from pyserve.server.strict_json import json_bytes
 from pyserve.server.values import brief, capped, check_nesting, one_of, token_ids
 from pyserve.tokenizer.tokenizer import apply_chat_template
 
@@ -123,7 +124,7 @@ def _key_before(exc: orjson.JSONDecodeError) -> str | None:
 
 
 def _json(obj) -> Response:
-    return Response(200, orjson.dumps(obj))
+    return Response(200, json_bytes(obj))
 
 
 # Texts longer than this are tokenized in a worker thread, so one huge prompt cannot stall
@@ -503,7 +504,8 @@ class OpenAIServing:
             if as_data:
                 return ChunkStream(chunk_dicts(self, streams, meta, include_usage, continuous), meta,
                                    lambda: [self.engine.discard(rid) for rid, _ in streams])
-            return StreamingResponse(200, stream_chunks(self, streams, meta, include_usage, continuous))
+            return StreamingResponse(200, stream_chunks(self, streams, meta, include_usage, continuous),
+                                     on_error=stream_failed)
         try:
             response = await self._collect(streams, meta)
             return response if as_data else _json(response)

@@ -11,10 +11,17 @@ import orjson
 from pyserve.server.errors import error_body
 from pyserve.server.openai import objects
 from pyserve.server.openai.logprobs import completion_logprobs, echoed
+from pyserve.server.strict_json import json_bytes
 
 
 def sse(obj) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + json_bytes(obj) + b"\n\n"
+
+
+def stream_failed(message: str, sent: int) -> bytes:
+    """The end of a stream whose chunks raised (http.StreamingResponse.on_error): an error
+    chunk, as an engine failure ends one, and [DONE]."""
+    return sse(orjson.loads(error_body(500, message))) + b"data: [DONE]\n\n"
 
 
 def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -24,6 +24,7 @@ from pyserve.server.openai.responses.output import UNFINISHED, UNREAD, Turn, sse
 from pyserve.server.openai.responses.store import ResponseStore, Stored
 from pyserve.server.openai.responses.items import with_answer
 from pyserve.server.openai.responses.translate import PARAMS, chat_body, check_fields, hosted_tools
+from pyserve.server.strict_json import json_bytes
 
 logger = logging.getLogger("pyserve.requests")
 
@@ -33,6 +34,13 @@ def _log_no_auto_tools() -> None:
     logger.warning("A Responses request gives tools with tool_choice \"auto\", but the server was "
                    "started without --enable-auto-tool-choice and --tool-call-parser: the tools are "
                    "shown to the model and its answer is read as text (as vLLM does); this is logged once")
+
+
+def _stream_failed(turn: Turn, message: str, sent: int) -> bytes:
+    """The end of a stream whose events raised (http.StreamingResponse.on_error), as an engine
+    failure ends one: response.failed (each chunk was one event, so `sent` is its number)."""
+    failed = turn.response("failed", [], error={"code": "server_error", "message": message})
+    return sse({"type": "response.failed", "sequence_number": sent, "response": failed})
 
 
 class ResponsesAPI:
@@ -85,11 +93,12 @@ class ResponsesAPI:
                 return StreamingResponse(200, entry.events.read())
             return Response(200, orjson.dumps(entry.response))
         if streamed:
-            return StreamingResponse(200, self._stream(turn, result, conversation, keep, owner))
+            return StreamingResponse(200, self._stream(turn, result, conversation, keep, owner),
+                                     on_error=functools.partial(_stream_failed, turn))
         response = turn.from_completion(result)
         if keep:
             self._keep(turn, response, conversation, owner)
-        return Response(200, orjson.dumps(response))
+        return Response(200, json_bytes(response))
 
     async def input_tokens(self, request: Request) -> Response:
         """POST /v1/responses/input_tokens: the prompt a create with this body would render
@@ -135,7 +144,7 @@ class ResponsesAPI:
         query = {key: values[-1] for key, values in parse_qs(request.target.partition("?")[2]).items()}
         _, entry = self._stored(request)
         if query.get("stream", "false").lower() != "true":
-            return Response(200, orjson.dumps(entry.response))
+            return Response(200, json_bytes(entry.response))
         if entry.events is None:
             raise APIError(400, "only a response created with background and stream true can be "
                            f"streamed again, while among the {KEPT_EVENT_LOGS} most recent such; GET "

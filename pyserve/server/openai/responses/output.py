@@ -26,11 +26,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import orjson
-
 from pyserve.server.openai.params import field
 from pyserve.server.openai.responses.items import continues_last_message
 from pyserve.server.openai.responses.translate import namespaced_names
+from pyserve.server.strict_json import json_bytes
 
 
 # the statuses of a response that has not ended (a background one's, or a stream's events')
@@ -40,7 +39,7 @@ TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed
 
 
 def sse(event: dict) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"event: " + event["type"].encode() + b"\ndata: " + json_bytes(event) + b"\n\n"
 
 
 def _id(prefix: str) -> str:
