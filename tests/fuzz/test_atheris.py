@@ -1,6 +1,7 @@
-"""CI's short atheris runs of the two coverage-guided targets (tests/fuzz/fuzz_http.py,
-tests/fuzz/fuzz_requests.py), each in a subprocess: a fixed seed, a bounded number of runs
-and a time cap; libFuzzer exits non-zero on the first input that breaks a property."""
+"""CI's short atheris runs of the coverage-guided targets (tests/fuzz/fuzz_http.py,
+tests/fuzz/fuzz_requests.py, tests/fuzz/fuzz_model_text.py), each in a subprocess: a fixed
+seed, a bounded number of runs and a time cap; libFuzzer exits non-zero on the first input that
+breaks a property."""
 
 import re
 import subprocess
@@ -26,14 +27,15 @@ def fuzz(module: str, corpus: Path, *extra: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("module", ["tests.fuzz.fuzz_http", "tests.fuzz.fuzz_requests"])
+@pytest.mark.parametrize("module", ["tests.fuzz.fuzz_http", "tests.fuzz.fuzz_requests",
+                                    "tests.fuzz.fuzz_model_text"])
 def test_atheris_target_finds_nothing(module, tmp_path, tiny_model_factory):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     extra = ()
     if module.endswith("fuzz_http"):
         seed_corpus(corpus)
-    else:
+    elif module.endswith("fuzz_requests"):
         extra = ("--", "--model", str(tiny_model_factory("llama")))
     rc, output = fuzz(module, corpus, *extra)
     runs = re.search(r"Done (\d+) runs in (\d+) second", output)
