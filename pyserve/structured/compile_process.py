@@ -24,6 +24,7 @@ from pyserve.sampling_params import StructuredOutputsParams
 from pyserve.structured.compiler import GrammarError, compile_spec
 
 _LENGTH = struct.Struct(">Q")
+START_TIMEOUT_S = 120  # Python, torch (xgrammar imports it) and the vocabulary, on a busy machine
 
 
 class CompileProcess:
@@ -70,7 +71,11 @@ class CompileProcess:
             stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
         try:
             await _send(proc, info.encode())
-            await _receive(proc)  # ready
+            await asyncio.wait_for(_receive(proc), START_TIMEOUT_S)  # "r": ready
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise GrammarError("structured_outputs", "the grammar compiler process did not start "
+                               f"within {START_TIMEOUT_S} s") from None
         except BaseException:
             proc.kill()
             raise

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from pyserve.errors import InvalidRequest
 from pyserve.sampling_params import StructuredOutputsParams
-from pyserve.structured.limits import choice_count_limit, spec_text_limit
+from pyserve.structured.limits import choice_count_limit, spec_size_limit
 
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_BYTES = 256 * 1024**2
@@ -47,18 +47,18 @@ def canonical_text(spec: StructuredOutputsParams) -> str:
     """The spec as one JSON text (its cache key's source), held to limits.py's sizes: a
     GrammarError naming structured_outputs if it is too big to compile."""
     value = getattr(spec, spec.kind)
-    if spec.kind == "choice" and (why := choice_count_limit(value)):
+    # sized before the canonical text is written: a schema of megabytes is refused without
+    # spending on it the second that sorting and writing it takes (on the event loop)
+    why = (spec.kind == "choice" and choice_count_limit(value)) or spec_size_limit(spec.kind, value)
+    if why:
         raise GrammarError("structured_outputs", why)
     if spec.kind == "json" and isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError as exc:
             raise GrammarError("structured_outputs", f"the JSON schema is not valid JSON: {exc}") from None
-    text = json.dumps([spec.kind, value, spec.disable_any_whitespace, spec.disable_additional_properties],
+    return json.dumps([spec.kind, value, spec.disable_any_whitespace, spec.disable_additional_properties],
                       sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    if why := spec_text_limit(spec.kind, text):
-        raise GrammarError("structured_outputs", why)
-    return text
 
 
 def key_of(text: str) -> str:

@@ -30,13 +30,45 @@ _SCHEMA_BOUND = re.compile(r'"(?:minItems|maxItems|minLength|maxLength|minProper
                            r"\s*:\s*(\d+)")
 
 
-def spec_text_limit(kind: str, text: str) -> str | None:
-    """Why a spec of this kind and (canonical) text is too big to compile, else None."""
-    if len(text) > MAX_SPEC_CHARS:
-        what = "the choices" if kind == "choice" else f"the {kind.replace('_', ' ')}"
-        return (f"{what} take {len(text):,} characters; at most {MAX_SPEC_CHARS:,} can be compiled; "
-                "send a smaller one")
+_NAMES = {"json": "the JSON schema", "choice": "the choices", "structural_tag": "the structural tag"}
+
+
+def spec_size_limit(kind: str, value) -> str | None:
+    """Why a spec of this kind and value (text, or the choices or schema as data) is too big
+    to compile, else None."""
+    if isinstance(value, str):
+        over = len(value) > MAX_SPEC_CHARS
+    else:
+        over = _json_size_over(value, MAX_SPEC_CHARS)
+    if over:
+        return (f"{_NAMES.get(kind, 'the ' + kind)}: more than {MAX_SPEC_CHARS:,} characters (as "
+                "compact JSON), the most that can be compiled; send a smaller one")
     return None
+
+
+def _json_size_over(value, budget: int) -> bool:
+    """Whether value written as compact JSON would pass budget characters: a walk that
+    stops as soon as it does, so a schema of megabytes costs what 64 KiB of it costs."""
+    stack, size = [value], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            size += 1 + len(item)  # braces, colons and commas
+            for key, child in item.items():
+                size += len(str(key)) + 2
+                if size > budget:
+                    return True
+                stack.append(child)
+        elif isinstance(item, (list, tuple)):
+            size += 1 + len(item)
+            if size > budget:
+                return True
+            stack.extend(item)
+        else:  # a string's quotes, or a number's or literal's digits, at least one character
+            size += len(item) + 2 if isinstance(item, str) else 1
+        if size > budget:
+            return True
+    return False
 
 
 def choice_count_limit(choices) -> str | None:
