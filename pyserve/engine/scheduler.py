@@ -9,7 +9,13 @@ and free blocks allow. This one mechanism gives continuous batching and chunked 
 A waiting request is admitted with whatever leading full blocks the prefix cache already
 holds (num_computed_tokens starts past them). One whose next prompt block is being computed
 right now by a running request waits a step instead, and then finds it cached: a burst of
-requests sharing a long prefix computes it once, not once per request.
+requests sharing a long prefix computes it once, not once per request. This wait cannot
+serialise a burst (issue 68 asked): the blocks a request waits for are the prompt blocks of a
+running request, which gets its next chunk before anyone waiting is admitted, and they stop
+counting as they are computed (or when their request is preempted or ends). So a waiter is
+held for the step that admits the owner and then only while the owner's chunks (served before
+any admission) compute the shared blocks; then every waiter is admitted together, as far as
+the budget goes, each past the shared blocks.
 
 When a running request cannot get the blocks its tokens need, the lowest-priority request
 (largest (priority, arrival) key) is preempted: its blocks are freed and it waits again with

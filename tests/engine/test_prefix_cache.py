@@ -141,3 +141,30 @@ def test_block_order_trades_cached_prefixes_for_memory_written(model_dir):
     assert touched["resident"] == touched["auto"] == per_request
     assert touched["lru"] == 4 * per_request
     assert repeat_hits["resident"] == 0 and repeat_hits["lru"] == 48  # 3 full blocks
+
+
+def test_waiters_on_a_prefix_longer_than_a_step_are_admitted_together(model_dir):
+    """The shared prefix takes the first request several steps (64-token steps): the others
+    wait for it, not for each other, and are admitted in the one step after its chunks have
+    computed the shared blocks (issue 68 asked whether the wait could serialise a burst)."""
+    llm = LLM(str(model_dir), kv_cache_memory="16MiB", block_size=16, max_num_batched_tokens=64)
+    ids = prompts(llm.get_tokenizer())
+    shared_blocks = min(len(p) for p in ids) // 16
+    while any(p[:shared_blocks * 16] != ids[0][:shared_blocks * 16] for p in ids):
+        shared_blocks -= 1
+    assert shared_blocks * 16 > 2 * 64  # several of the first request's steps
+    core = llm.engine
+    for i, p in enumerate(ids):
+        core.add_request(f"r{i}", p, GREEDY)
+    admitted_at = {}
+    step_no = 0
+    while core.has_unfinished():
+        step = core.schedule()
+        for seq in step.sequences:
+            admitted_at.setdefault(seq.request_id, (step_no, seq.start))
+        core.update(step, core.run(core.prepare(step)))
+        step_no += 1
+    first_step = -(-shared_blocks * 16 // 64)  # the steps r0 takes to compute the shared blocks
+    assert {admitted_at[f"r{i}"][0] for i in (1, 2, 3)} == {first_step}
+    assert all(admitted_at[f"r{i}"][1] == shared_blocks * 16 for i in (1, 2, 3))
+    assert core.kv.num_free_blocks == core.kv.num_blocks and not core.kv._computing
