@@ -223,3 +223,66 @@ def test_a_handler_bug_is_a_500_and_the_connection_goes_on():
         writer.close()
         server.close()
     uvloop.run(main())
+
+
+def _openai_tail():
+    from pyserve.server.openai.streaming import stream_failed
+
+    def check(events):
+        assert events[-2]["error"]["code"] == 500 and events[-1] == "[DONE]"
+    return stream_failed, check
+
+
+def _responses_tail():
+    import functools
+
+    from pyserve.server.openai.responses.api import _stream_failed
+    from pyserve.server.openai.responses.output import Turn
+
+    def check(events):
+        assert events[-1]["type"] == "response.failed" and events[-1]["sequence_number"] == 2
+        assert events[-1]["response"]["status"] == "failed"
+    return functools.partial(_stream_failed, Turn({"input": "x"}, {}, "m")), check
+
+
+def _messages_tail():
+    from pyserve.server.anthropic.serving import _stream_failed
+
+    def check(events):
+        assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "api_error"
+    return _stream_failed, check
+
+
+@pytest.mark.parametrize("tail", [_openai_tail, _responses_tail, _messages_tail])
+def test_a_stream_whose_chunks_raise_still_ends_in_its_routes_words(tail):
+    """Issue 68: a chunk that could not be written (a lone surrogate orjson refused) killed the
+    connection's task mid-stream; the client waited for an end that never came. Any failure
+    of a stream's chunks now ends it: the route's error event and end marker, the chunked
+    body's end, and the connection closed."""
+    on_error, check = tail()
+
+    async def main():
+        app = App()
+
+        async def broken(request):
+            async def chunks():
+                yield b'data: {"n": 0}\n\n'
+                yield b'data: {"n": 1}\n\n'
+                raise TypeError("str is not valid UTF-8: surrogates not allowed")
+            return StreamingResponse(200, chunks(), on_error=on_error)
+
+        app.router.add("GET", "/broken", broken)
+        server, port = await start(app)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = await asyncio.wait_for(read_response(reader), 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after it
+        writer.close()
+        server.close()
+        return status, body
+
+    status, body = uvloop.run(main())
+    lines = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
+    events = [line.decode() if line == b"[DONE]" else json.loads(line) for line in lines]
+    assert status == 200 and events[:2] == [{"n": 0}, {"n": 1}]
+    check(events)
