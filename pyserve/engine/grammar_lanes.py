@@ -48,6 +48,7 @@ class GrammarLanes:
         self._process = CompileProcess(grammars.tokenizer_info_json)
         self._big_turn = asyncio.Lock()  # the process compiles one grammar at a time
         self._pending: dict[str, _Pending] = {}  # by the grammar's cache key
+        self._vocabulary: asyncio.Future | None = None  # read once, before the first compile
 
     async def compile(self, spec, timeout_s: float) -> None:
         """Compiles spec into the grammar cache, or raises GrammarError: too big, the lanes
@@ -56,12 +57,10 @@ class GrammarLanes:
         key = key_of(text)
         if self._grammars.cached(spec, key) is not None:
             return
-        big = is_big(text)
-        if big:  # starting the process (seconds, once) is not the grammar's time
-            await self._process.ready()
-        pending = self._pending.get(key) or self._submit(key, spec, big)
+        pending = self._pending.get(key) or self._submit(key, spec, is_big(text))
         pending.waiters += 1
         try:
+            await self._started(pending.big)
             await asyncio.wait_for(asyncio.shield(pending.task), timeout_s)
         except asyncio.TimeoutError:
             raise GrammarError("structured_outputs", f"the grammar did not compile within "
@@ -71,6 +70,17 @@ class GrammarLanes:
             if pending.waiters == 0 and pending.big and not pending.task.done():
                 pending.task.cancel()  # nobody waits: drop it from the queue, or kill its process
                 self._forget(key, pending)  # a request for it from now on starts it again
+
+    async def _started(self, big: bool) -> None:
+        """What a lane needs once, not counted in any grammar's time: the vocabulary read
+        (a second or more for 50k tokens), and for big grammars the worker process started
+        (Python, torch and the vocabulary: seconds)."""
+        if self._vocabulary is None:
+            self._vocabulary = asyncio.get_running_loop().run_in_executor(
+                self._small_lane(), self._grammars.prepare)
+        await asyncio.shield(self._vocabulary)
+        if big:
+            await self._process.ready()
 
     def _submit(self, key: str, spec, big: bool) -> _Pending:
         lane = [p for p in self._pending.values() if p.big == big]
@@ -93,10 +103,13 @@ class GrammarLanes:
         if not pending.task.cancelled():
             pending.task.exception()  # retrieved: a GrammarError nobody waited for is no error
 
-    async def _compile_small(self, spec) -> None:
+    def _small_lane(self) -> ThreadPoolExecutor:
         if self._threads is None:
             self._threads = serial_thread_pool(SMALL_LANE_THREADS, "pyserve-grammar")
-        await asyncio.get_running_loop().run_in_executor(self._threads, self._grammars.compile, spec)
+        return self._threads
+
+    async def _compile_small(self, spec) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._small_lane(), self._grammars.compile, spec)
 
     async def _compile_big(self, key: str, spec) -> None:
         async with self._big_turn:
@@ -108,7 +121,7 @@ class GrammarLanes:
         self._grammars.store(key, compiled)
 
     def shutdown(self) -> None:
-        self._process.kill()
+        self._process.close()
         for pool in (self._threads, self._big_thread):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -36,8 +36,11 @@ class CompileProcess:
     def __init__(self, tokenizer_info_json: Callable[[], str]):
         self._tokenizer_info_json = tokenizer_info_json  # called on the loop's executor
         self._start: asyncio.Task | None = None  # -> the ready process
+        self._closed = False
 
     def prestart(self) -> None:
+        if self._closed:
+            raise GrammarError("structured_outputs", "the server is shutting down")
         failed = self._start is not None and self._start.done() and (
             self._start.cancelled() or self._start.exception() is not None)
         if self._start is None or failed:
@@ -56,7 +59,8 @@ class CompileProcess:
             reply = await _receive(proc)
         except BaseException:
             self.kill()
-            self.prestart()
+            if not self._closed:
+                self.prestart()
             raise
         if reply[:1] == b"o":
             return reply[1:].decode()
@@ -80,6 +84,11 @@ class CompileProcess:
             proc.kill()
             raise
         return proc
+
+    def close(self) -> None:
+        """Kills the process for good (the server is stopping)."""
+        self._closed = True
+        self.kill()
 
     def kill(self) -> None:
         start, self._start = self._start, None

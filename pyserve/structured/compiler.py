@@ -161,6 +161,11 @@ class GrammarCompiler:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=2, cache_enabled=False)
             return self._compiler
 
+    def prepare(self) -> None:
+        """Reads the vocabulary (once; a second or more for 50k tokens), so that the first
+        compile's time is its own."""
+        self._xgr_compiler()
+
     def tokenizer_info_json(self) -> str:
         """The vocabulary as xgrammar reads it, for a compiler in another process."""
         self._xgr_compiler()
