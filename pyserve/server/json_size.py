@@ -14,24 +14,42 @@ from __future__ import annotations
 import re
 
 from pyserve.server.errors import APIError
-from pyserve.server.request_limits import MAX_JSON_CONTAINERS
+from pyserve.server.request_limits import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH
 
 # Outside strings, one match is a run of plain bytes and short strings (at most 4,096 of them),
-# an opening bracket, or the start of a long string (up to 64 pieces of text or escapes);
-# inside a long string, its next 64 pieces. Each match is one bounded C call, and there are
-# few of them: a bracket ends a run, and the count stops at the cap. (Character classes with
-# bounded repeats, not an alternation per character: this is C regex speed, ~100 MB/s.)
+# a bracket, or the start of a long string (up to 64 pieces of text or escapes); inside a long
+# string, its next 64 pieces. Each match is one bounded C call, and there are few of them: a
+# bracket ends a run, and the count stops at the cap. (Character classes with bounded repeats,
+# not an alternation per character: C regex speed.)
 _STRING_TEXT = rb'(?:[^"\\]{1,65536}|\\.){0,64}'
 _SHORT_STRING = rb'"[^"\\]{0,256}(?:\\.[^"\\]{0,256}){0,4}"'
-_OUTSIDE = re.compile(rb'(?:[^"\[{\\]{1,65536}|' + _SHORT_STRING + rb'){1,4096}|(?P<open>[\[{])'
+_OUTSIDE = re.compile(rb'(?:[^"\[\]{}\\]{1,65536}|' + _SHORT_STRING + rb'){1,4096}'
+                      rb'|(?P<open>[\[{])|(?P<close>[\]}])'
                       rb'|(?P<long>"' + _STRING_TEXT + rb')(?P<closed>")?', re.DOTALL)
 _INSIDE = re.compile(_STRING_TEXT + rb'(?P<closed>")?', re.DOTALL)
+# the key a run of the root object's members ends with (`..., "messages": `)
+_LAST_KEY = re.compile(rb'"((?:[^"\\]|\\.){0,256})"\s*:\s*\Z')
 
 
-def count_containers(raw: bytes, stop_after: int) -> int:
+class _Count:
+    """Containers counted per member of the root object (the field a refusal names)."""
+
+    def __init__(self):
+        self.total, self.by_field, self.field = 0, {}, None
+
+    def add(self) -> None:
+        self.total += 1
+        self.by_field[self.field] = self.by_field.get(self.field, 0) + 1
+
+    def largest_field(self) -> str | None:
+        return max(self.by_field, key=self.by_field.get) if self.by_field else None
+
+
+def count_containers(raw: bytes, stop_after: int) -> _Count:
     """The objects and arrays in raw (JSON), outside its strings, counted up to stop_after + 1
-    (what is not JSON is counted as far as it reads as JSON: the parse reports it)."""
-    count, position, inside = 0, 0, False
+    (what is not JSON is counted as far as it reads as JSON: the parse reports it); a 400 for
+    nesting deeper than MAX_JSON_DEPTH on the way."""
+    count, depth, position, inside, last_run = _Count(), 0, 0, False, b""
     while position < len(raw):
         match = (_INSIDE if inside else _OUTSIDE).match(raw, position)
         if match is None or match.end() == position:
@@ -40,16 +58,30 @@ def count_containers(raw: bytes, stop_after: int) -> int:
         if inside or match["long"] is not None:  # in a long string until its quote
             inside = match["closed"] is None
         elif match["open"] is not None:
-            count += 1
-            if count > stop_after:
+            if depth == 1:  # a member of the root object: which one
+                key = _LAST_KEY.search(last_run)
+                count.field = key[1].decode("utf-8", "replace") if key else None
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise APIError(400, f"the request body nests more than {MAX_JSON_DEPTH} levels deep")
+            count.add()
+            if count.total > stop_after:
                 break
+        elif match["close"] is not None:
+            depth -= 1
+        elif depth == 1:
+            last_run = match.group()
     return count
 
 
 def check_container_count(raw: bytes) -> None:
-    """A 400 for a body of more than MAX_JSON_CONTAINERS objects and arrays, before parsing."""
+    """A 400 for a body of more than MAX_JSON_CONTAINERS objects and arrays, before parsing,
+    naming the member of the body that holds most of them."""
     if raw.count(b"{") + raw.count(b"[") <= MAX_JSON_CONTAINERS:
         return
-    if count_containers(raw, MAX_JSON_CONTAINERS) > MAX_JSON_CONTAINERS:
-        raise APIError(400, f"the request body holds more than {MAX_JSON_CONTAINERS:,} JSON objects "
-                       "and arrays")
+    count = count_containers(raw, MAX_JSON_CONTAINERS)
+    if count.total > MAX_JSON_CONTAINERS:
+        field = count.largest_field()
+        raise APIError(400, (f"'{field}' holds" if field else "the request body holds")
+                       + f" more than {MAX_JSON_CONTAINERS:,} JSON objects and arrays (a body "
+                       f"may hold at most {MAX_JSON_CONTAINERS:,})", field)

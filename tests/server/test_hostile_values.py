@@ -79,25 +79,25 @@ def test_nesting_within_the_cap_is_served(server):
 # -- million-element arrays --------------------------------------------------------------------
 
 MILLION = 10**6
+# a million objects or arrays: refused before the body is parsed (server/json_size.py), naming
+# the field that holds them
+OBJECTS = (f"holds more than {limits.MAX_JSON_CONTAINERS:,} JSON objects and arrays",)
 
 
 @pytest.mark.parametrize("path, body, param, words", [
     (C, lambda: completion(prompt=["a"] * MILLION), "prompt", (f"at most {limits.MAX_PROMPTS} prompts",)),
-    (C, lambda: completion(prompt=[[1]] * MILLION), "prompt", (f"at most {limits.MAX_PROMPTS} prompts",)),
+    (C, lambda: completion(prompt=[[1]] * MILLION), "prompt", OBJECTS),
     (C, lambda: completion(prompt=[1] * MILLION), "max_tokens", ("maximum context length",)),
     (C, lambda: completion(stop=["x"] * MILLION), "stop", (f"at most {limits.MAX_STOP}",)),
     (C, lambda: completion(stop_token_ids=[1] * MILLION), "stop_token_ids", (f"at most {limits.MAX_STOP}",)),
     (C, lambda: completion(logit_bias={str(i): 1 for i in range(MILLION)}), "logit_bias",
      (f"at most {limits.MAX_LOGIT_BIAS}",)),
-    (CHAT, lambda: {"messages": [{}] * MILLION}, "messages", (f"at most {limits.MAX_MESSAGES} messages",)),
-    (CHAT, lambda: {"messages": [{"role": "user", "content": [{}] * MILLION}]}, "messages",
-     (f"at most {limits.MAX_CONTENT_PARTS} content parts",)),
-    (CHAT, lambda: {"messages": MSG, "tools": [{}] * MILLION, "tool_choice": "none"}, "tools",
-     (f"at most {limits.MAX_TOOLS} tools",)),
-    (EMB, lambda: {"input": [[1]] * MILLION}, "input", (f"at most {limits.MAX_PROMPTS}",)),
-    (RESPONSES, lambda: {"input": [{}] * MILLION}, "input", (f"at most {limits.MAX_MESSAGES} items",)),
-    (ANTHROPIC, lambda: {"max_tokens": 1, "messages": [{}] * MILLION}, None,
-     (f"at most {limits.MAX_MESSAGES} messages",)),
+    (CHAT, lambda: {"messages": [{}] * MILLION}, "messages", OBJECTS),
+    (CHAT, lambda: {"messages": [{"role": "user", "content": [{}] * MILLION}]}, "messages", OBJECTS),
+    (CHAT, lambda: {"messages": MSG, "tools": [{}] * MILLION, "tool_choice": "none"}, "tools", OBJECTS),
+    (EMB, lambda: {"input": [[1]] * MILLION}, "input", OBJECTS),
+    (RESPONSES, lambda: {"input": [{}] * MILLION}, "input", OBJECTS),
+    (ANTHROPIC, lambda: {"max_tokens": 1, "messages": [{}] * MILLION}, None, OBJECTS),
 ])
 def test_million_element_arrays_are_refused_fast(server, path, body, param, words):
     refused(server, path, body(), param, *words, within=BIG_BODY_S)

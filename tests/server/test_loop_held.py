@@ -131,6 +131,12 @@ def test_thousands_of_reasoning_items_are_joined_in_linear_time(server):
     assert status == 200 and answer["input_tokens"] > 0, answer
 
 
+def test_a_prompt_of_millions_of_token_ids_is_read_off_the_loop(server):
+    status, answer = watched(server, "/v1/completions",
+                             {"model": MODEL, "prompt": [7, 300] * 500_000, "max_tokens": 1})
+    assert status == 400 and "1000000 tokens" in answer["error"]["message"], answer
+
+
 def blocks(n: int, kind: str = "text", text: str = "") -> list[dict]:
     return [{"type": kind, "text": text}] * n
 

@@ -67,6 +67,9 @@ async def off_loop_for_large_body(request: Request, work, *args):
 
 def _parsed_or_error(request: Request):
     try:
+        # a large body only (a small one cannot hold enough objects to matter): the count
+        # walks what may be a quarter of a million brackets
+        check_container_count(request.body)
         return _parse_json_object(request)
     except APIError as exc:
         return exc
@@ -82,7 +85,6 @@ def json_object(request: Request) -> dict:
 
 
 def _parse_json_object(request: Request) -> dict:
-    check_container_count(request.body)
     try:
         body = orjson.loads(request.body)
     except orjson.JSONDecodeError as exc:
@@ -199,8 +201,8 @@ class OpenAIServing:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompts = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompts = [prompt]  # one prompt of ids (token_ids reads every one, off the loop if long)
         elif isinstance(prompt, list) and prompt:
             prompts = prompt
         else:
@@ -215,8 +217,10 @@ class OpenAIServing:
             if isinstance(p, str):
                 text, ids = p, await self._encode(p, add_special)
             elif isinstance(p, list):
-                text, ids = None, list(token_ids("prompt" if single else f"prompt[{i}]", p,
-                                                   self.engine.vocab_size, "prompt"))
+                where = "prompt" if single else f"prompt[{i}]"
+                text, ids = None, await self.off_loop_if_long(  # a walk over every id
+                    len(p), lambda p=p, where=where: list(token_ids(where, p, self.engine.vocab_size,
+                                                                    "prompt")))
             else:
                 raise APIError(400, "'prompt' entries must be strings or lists of token ids", "prompt")
             if cut is not None and len(cut(ids)) < len(ids):
