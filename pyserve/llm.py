@@ -103,6 +103,8 @@ class LLM:
         params = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         if len(params) != len(prompts):
             raise ValueError("sampling_params must be one object or one per prompt")
+        if any(p.allowed_token_ids == [] for p in params):  # allowing nothing is not allowing all
+            raise ValueError("allowed_token_ids is not None and empty!")  # vLLM's words, on add
         return self._run(prompts, lambda i, rid, ids, text: self.engine.add_request(
             rid, ids, params[i], prompt=text, priority=priority[i] if priority else 0))
 

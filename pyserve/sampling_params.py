@@ -132,8 +132,8 @@ class SamplingParams:
              f"must be at least 1, got {self.n}")
         need(self.best_of is None or self.best_of <= 1 or self.best_of == self.n, "best_of",
              "above n is not supported (vLLM's V1 engine refused it too)")
-        # allowing nothing must not read as allowing all (vLLM's words)
-        need(self.allowed_token_ids != [], "allowed_token_ids", "is not None and empty!")
+        # an empty allowed_token_ids is built as in vLLM and refused when a request carries
+        # it (LLM.generate, the server's params)
         for name in ("allowed_token_ids", "bad_words", "logits_processors"):
             need(not getattr(self, name), name, "is not supported by this server")
         need(self.truncate_prompt_tokens is None, "truncate_prompt_tokens",

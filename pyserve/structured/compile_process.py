@@ -29,26 +29,24 @@ START_TIMEOUT_S = 120  # Python, torch (xgrammar imports it) and the vocabulary,
 
 class CompileProcess:
     """The parent's end: one compile at a time (the caller serializes them). The process
-    starts on the first compile (or prestart()); a compile cancelled while the process works
-    on it kills the process (its state is unknown then) and starts the next one at once,
-    because starting one (Python, xgrammar, torch, the vocabulary) takes seconds."""
+    starts on the first compile (or ready()); a compile cancelled while the process works on
+    it kills the process (its state is unknown then), and the next compile starts another.
+    Not at once: a start (Python, xgrammar, torch, the vocabulary) costs seconds of a core,
+    which only a grammar that needs the process should spend."""
 
     def __init__(self, tokenizer_info_json: Callable[[], str]):
         self._tokenizer_info_json = tokenizer_info_json  # called on the loop's executor
         self._start: asyncio.Task | None = None  # -> the ready process
         self._closed = False
 
-    def prestart(self) -> None:
+    async def ready(self) -> asyncio.subprocess.Process:
+        """The process, started if it is not (a GrammarError if it cannot be)."""
         if self._closed:
             raise GrammarError("structured_outputs", "the server is shutting down")
         failed = self._start is not None and self._start.done() and (
             self._start.cancelled() or self._start.exception() is not None)
         if self._start is None or failed:
             self._start = asyncio.get_running_loop().create_task(self._started())
-
-    async def ready(self) -> asyncio.subprocess.Process:
-        """The process, once started (a GrammarError if it cannot be)."""
-        self.prestart()
         return await asyncio.shield(self._start)  # a cancelled wait leaves the start going on
 
     async def compile(self, spec: StructuredOutputsParams) -> str:
@@ -58,9 +56,7 @@ class CompileProcess:
             await _send(proc, json.dumps(dataclasses.asdict(spec)).encode())
             reply = await _receive(proc)
         except BaseException:
-            self.kill()
-            if not self._closed:
-                self.prestart()
+            self.kill()  # the next big grammar starts another
             raise
         if reply[:1] == b"o":
             return reply[1:].decode()

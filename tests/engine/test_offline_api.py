@@ -96,6 +96,13 @@ def test_lora_requests_are_refused_by_name(llm):
             call()
 
 
+def test_an_empty_allowed_token_ids_is_refused_when_added(llm):
+    # built as in vLLM, refused with vLLM's words when a request carries it
+    with pytest.raises(ValueError, match="allowed_token_ids is not None and empty!"):
+        llm.generate("hi", SamplingParams(max_tokens=1, allowed_token_ids=[]), use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished()
+
+
 def test_vllm_names_of_options():
     from pyserve.config import Config
 

@@ -50,7 +50,7 @@ def test_an_over_long_text_names_its_own_field(server):
                                  "truncate_prompt_tokens": 16})
 
 
-@pytest.mark.parametrize("choice", [{"type": "tool", "name": "bad_tool"}])
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "bad_tool"}, {"type": "any"}])
 def test_a_forced_tool_whose_schema_cannot_be_enforced_is_named(server, choice):
     bad = {"name": "bad_tool", "input_schema": {"type": "no-such-type"}}
     refused(server, "/v1/messages", messages(MSG[0], tools=[ADD, bad], tool_choice=choice), None,
@@ -59,6 +59,11 @@ def test_a_forced_tool_whose_schema_cannot_be_enforced_is_named(server, choice):
     refused(server, "/v1/chat/completions", {
         "model": MODEL, "messages": MSG, "max_tokens": 2, "tools": [chat_tool],
         "tool_choice": {"type": "function", "function": {"name": "bad_tool"}}}, "tool_choice", "bad_tool")
+    # "required" over several tools: the one whose parameters spoil the grammar is named
+    add = {"type": "function", "function": {"name": "add", "parameters": ADD["input_schema"]}}
+    refused(server, "/v1/chat/completions", {
+        "model": MODEL, "messages": MSG, "max_tokens": 2, "tools": [add, chat_tool],
+        "tool_choice": "required"}, "tool_choice", "bad_tool")
 
 
 @pytest.mark.parametrize("turns, where", [

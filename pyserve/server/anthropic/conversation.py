@@ -242,7 +242,10 @@ def conversation(system, messages: list) -> list[dict]:
         turn = _turn(i, message, calls)
         if turn[0]["role"] == "assistant":
             ids = {call["id"] for call in turn[0].get("tool_calls", ())}
-            calls = calls | ids if chat and chat[-1]["role"] == "assistant" else ids
+            if chat and chat[-1]["role"] == "assistant":
+                calls |= ids  # in place: a new set per turn is quadratic over many turns
+            else:
+                calls = ids
         _extend(chat, turn)
     if not chat:
         fail("messages", "must hold a user or assistant message")

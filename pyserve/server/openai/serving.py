@@ -26,8 +26,8 @@ from pyserve.server.openai.logprobs import echoed, shape_prompt_logprobs
 from pyserve.server.openai.messages import (load_template, template_documents, template_kwargs,
                                             template_messages, tool_mode, with_allowed_tools,
                                             fit_by_dropping_turns)
-from pyserve.server.openai.structured import (forced_tool_name, structured_outputs,
-                                              tool_call_constraint)
+from pyserve.server.openai.structured import (each_tool_constraint, forced_tool_name,
+                                              structured_outputs, tool_call_constraint)
 from pyserve.structured.compiler import GrammarError
 from pyserve.server.openai.streaming import ChunkStream, chunk_dicts, stream_chunks, stream_failed
 from pyserve.server.json_size import check_container_count
@@ -136,6 +136,7 @@ _OFF_LOOP_CHARS = 4096
 # A structured-output grammar that takes longer to compile is refused (a 400); its compile
 # finishes in the background and is cached.
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+MAX_TOOLS_PROBED = 16  # tools compiled one by one to name the bad one under "required"
 
 
 class OpenAIServing:
@@ -448,6 +449,22 @@ class OpenAIServing:
                for marker in (parser.start, parser.end)]
         return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
 
+    async def _required_refusal(self, tools: list, message: str) -> str:
+        """Why tool_choice "required" cannot be enforced, naming the first tool whose own
+        parameters do not compile, where one of the first MAX_TOOLS_PROBED does within one
+        compile's time in all (an error path: bounded, not a search over every tool)."""
+        deadline = time.monotonic() + GRAMMAR_COMPILE_TIMEOUT_S
+        for name, spec in each_tool_constraint(tools[:MAX_TOOLS_PROBED]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await self.engine.compile_grammar(spec, left)
+            except GrammarError as exc:
+                return (f"tool_choice \"required\" cannot be enforced: the tool {brief(name)} has "
+                        f"parameters that cannot be enforced: {exc.message}")
+        return f"tool_choice \"required\" cannot be enforced over these tools' parameters: {message}"
+
     async def _constrained(self, body: dict, params, forced=None):
         """params with the request's structured-output grammar (or a forced tool call's),
         compiled off the event loop within GRAMMAR_COMPILE_TIMEOUT_S: a grammar that cannot
@@ -466,10 +483,11 @@ class OpenAIServing:
             message = exc.message
             if forced is not None:  # the grammar is the tools' parameters: say whose
                 name = forced_tool_name(body.get("tool_choice"))
-                message = (f"the tool {brief(name)}, which tool_choice forces, has parameters that "
-                           f"cannot be enforced: {message}" if name is not None else
-                           f"tool_choice \"required\" cannot be enforced over these tools' "
-                           f"parameters: {message}")
+                if name is not None:
+                    message = (f"the tool {brief(name)}, which tool_choice forces, has parameters "
+                               f"that cannot be enforced: {message}")
+                else:
+                    message = await self._required_refusal(body.get("tools") or [], message)
             raise APIError(400, message, source) from None
         return dataclasses.replace(params, structured_outputs=spec)
 

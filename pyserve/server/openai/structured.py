@@ -159,6 +159,13 @@ def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
     return StructuredOutputsParams(json=schema)
 
 
+def each_tool_constraint(tools: list) -> list[tuple[str, StructuredOutputsParams]]:
+    """(name, the grammar of its arguments alone) per tool: what finds the tool whose schema
+    spoils a "required" grammar over them all."""
+    functions = [tool_function(t, i) for i, t in enumerate(tools)]
+    return [(f["name"], StructuredOutputsParams(json=_parameters(f))) for f in functions]
+
+
 def _hoisted(parameters: dict, defs: dict) -> dict:
     """A tool's parameters without their `$defs` (or `definitions`), which join `defs`: a
     tool's "#/$defs/X" points at the root of the schema it is written in, which in the
