@@ -137,6 +137,17 @@ def test_required_tool_choice_gives_valid_calls(client):
             _validate_call(call)
 
 
+def test_required_without_parallel_calls_ends_after_one_call(client):
+    # greedy, this model repeats the list's item until max_tokens (then no call at all): one
+    # item is the most the grammar lets it write when one call is all the answer can keep
+    args = dict(model=MODEL, messages=ask("Add 12 and 30."), tools=TOOLS[1:], tool_choice="required",
+                temperature=0, max_tokens=60)
+    assert client.chat.completions.create(**args).choices[0].finish_reason == "length"
+    choice = client.chat.completions.create(**args, parallel_tool_calls=False).choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    _validate_call(choice.message.tool_calls[0])
+
+
 def test_named_tool_choice_and_its_stream(client):
     args = dict(model=MODEL, messages=ask("Weather in Rome?"), tools=TOOLS, temperature=0,
                 max_tokens=60, tool_choice={"type": "function", "function": {"name": "get_weather"}})

@@ -371,7 +371,9 @@ class OpenAIServing:
                                  chat=True, defaults=self.defaults, vocab_size=self.engine.vocab_size)
         mode, tools = tool_mode(body, True, self.config.enable_auto_tool_choice)
         choice = body.get("tool_choice")
-        forced = tool_call_constraint(tools, choice) if mode in ("required", "named") else None
+        parallel = field(body, "parallel_tool_calls", bool, True)
+        forced = (tool_call_constraint(tools, choice, parallel) if mode in ("required", "named")
+                  else None)
         params = beam_search_params(body, await self._constrained(body, params, forced))
         requested = requested_max_tokens(body, chat=True)
         prompt = (self._tokens_in(body) if body.get("prompt_token_ids") is not None else
@@ -390,7 +392,6 @@ class OpenAIServing:
         name = forced_tool_name(choice) if mode == "named" else None
         thinking = field(self._template_kwargs(body), "enable_thinking", bool, True)
         include_reasoning = field(body, "include_reasoning", bool, True)
-        parallel = field(body, "parallel_tool_calls", bool, True)
         output = lambda: ChoiceOutput(  # noqa: E731 (one per choice)
             mode, name, self._tool_parser(tools) if mode == "auto" else None,
             self._reasoning_parser(thinking), include_reasoning, parallel, self._reasoning_markers,

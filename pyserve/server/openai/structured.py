@@ -139,9 +139,11 @@ def forced_tool_name(tool_choice) -> str | None:
     return None
 
 
-def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
+def tool_call_constraint(tools: list, tool_choice, parallel: bool = True) -> StructuredOutputsParams:
     """The grammar that makes the output a valid call: the named tool's arguments, or (for
-    "required") a non-empty JSON list of {"name", "parameters"} over every tool."""
+    "required") a non-empty JSON list of {"name", "parameters"} over every tool, of one item
+    where parallel_tool_calls is false (the list ends after the one call the answer keeps,
+    where a model that repeats items would otherwise write on until max_tokens cut it)."""
     functions = [tool_function(t, i) for i, t in enumerate(tools)]
     name = forced_tool_name(tool_choice)
     if name is not None:
@@ -155,6 +157,8 @@ def tool_call_constraint(tools: list, tool_choice) -> StructuredOutputsParams:
                                                "parameters": _hoisted(_parameters(f), defs)},
               "required": ["name", "parameters"]} for f in functions]
     schema = {"type": "array", "minItems": 1, "items": {"anyOf": items} if len(items) > 1 else items[0]}
+    if not parallel:
+        schema["maxItems"] = 1
     schema.update((key, entries) for key, entries in defs.items() if entries)
     return StructuredOutputsParams(json=schema)
 
