@@ -86,13 +86,21 @@ def make_tokenizer(out: Path) -> None:
 
 
 def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = False,
-                    seed: int = 0, num_layers: int | None = None) -> Path:
-    """num_layers: num_hidden_layers instead of the architecture's own (not for gemma3-mm)."""
+                    seed: int = 0, num_layers: int | None = None,
+                    tokenizer_from: str | Path | None = None) -> Path:
+    """num_layers: num_hidden_layers instead of the architecture's own (not for gemma3-mm).
+    tokenizer_from: a model directory whose tokenizer (and vocabulary size) the model takes
+    instead of the tiny one: a tokenizer llama.cpp's converter knows (it refuses unknown
+    BPE pre-tokenizers)."""
     import torch
     import transformers
 
     out = Path(out_dir)
     config_cls, overrides = ARCHES[arch]
+    if tokenizer_from is not None:
+        vocab = transformers.AutoTokenizer.from_pretrained(str(tokenizer_from))
+        overrides = {**overrides, "vocab_size": len(vocab), "bos_token_id": vocab.bos_token_id,
+                     "eos_token_id": vocab.eos_token_id, "pad_token_id": vocab.pad_token_id}
     if num_layers is not None:
         overrides = {**overrides, "num_hidden_layers": num_layers}
         if "layer_types" in overrides:  # Gemma 3's pattern, repeated to the new length
@@ -122,7 +130,10 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = Fals
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    make_tokenizer(out)
+    if tokenizer_from is None:
+        make_tokenizer(out)
+    else:
+        vocab.save_pretrained(str(out))
     return out
 
 

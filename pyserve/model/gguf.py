@@ -20,6 +20,9 @@ from pyserve.arith import cdiv
 from pyserve.errors import ModelLoadError
 
 logger = logging.getLogger("pyserve")
+# what a converted directory was made by: a change that alters its contents (rope_freqs read
+# into the rope scaling: 2) makes earlier conversions stale
+CONVERSION = 2
 
 # GGUF architecture -> (HF architecture, HF model_type)
 _ARCHITECTURES = {
@@ -75,7 +78,7 @@ def _hf_name(gguf_name: str, gguf_arch: str | None = None) -> str | None:
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in table:
         return f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
-    return None  # e.g. rope_freqs: recomputed from the config
+    return None  # e.g. rope_freqs: read into the config's rope scaling
 
 
 def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -131,7 +134,45 @@ def _config(reader) -> tuple[dict, str]:
             "high_freq_factor": float(get("rope.scaling.high_freq_factor", 4.0)),
             "original_max_position_embeddings": int(get("rope.scaling.original_context_length", 8192)),
         }
+    else:
+        freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+        if freqs is not None:
+            cfg["rope_scaling"] = _scaling_from_rope_freqs(freqs.data, cfg["head_dim"], cfg["rope_theta"])
     return cfg, gguf_arch
+
+
+def _scaling_from_rope_freqs(data, head_dim: int, theta: float) -> dict | None:
+    """The rope scaling of llama.cpp's rope_freqs.weight (its converter writes Llama 3's
+    scaling only as this tensor: what each inverse frequency is divided by). Llama 3's
+    parameters where some with its low and high frequency factors (1 and 4) give these
+    divisors, so that the rope is computed exactly as transformers computes it from the
+    original config; else the divisors themselves ("rope_freqs"), as llama.cpp applies them."""
+    import numpy as np
+    import torch
+
+    from pyserve.model.layers.rotary import _inv_freq, llama3_factors
+
+    factors = np.asarray(data, dtype=np.float64).reshape(-1)
+    if factors.shape[0] != head_dim // 2:
+        raise ModelLoadError(f"rope_freqs.weight holds {factors.shape[0]} factors; head_dim "
+                             f"{head_dim} has {head_dim // 2} frequencies")
+    if np.all(factors == 1.0):
+        return None
+    factor = float(factors.max())
+    # original_max_position_embeddings from a frequency between the two bands (its divisor
+    # 1 / ((1 - s) / factor + s), s = (old / wavelength - 1) / 3), else the usual powers of two
+    candidates = {2 ** k for k in range(4, 21)}
+    wavelengths = (2 * np.pi / _inv_freq(head_dim, theta).double()).numpy()
+    for divisor, wavelength in zip(factors, wavelengths):
+        if 1.0 < divisor < factor:
+            s = (1.0 / divisor - 1.0 / factor) / (1.0 - 1.0 / factor)
+            candidates.add(round(float(wavelength) * (3.0 * s + 1.0)))
+    for old in sorted(candidates):
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": old}
+        if np.allclose(llama3_factors(head_dim, theta, scaling).numpy(), factors, rtol=1e-5, atol=0):
+            return scaling
+    return {"rope_type": "rope_freqs", "factors": [float(f) for f in factors]}
 
 
 def _gemma_config(reader, gguf_arch: str, cfg: dict) -> dict:

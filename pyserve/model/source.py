@@ -13,7 +13,7 @@ from pyserve.config import ModelConfig
 from pyserve.model.arch import ModelArch
 from pyserve.model.default_model import DEFAULT_MODEL_NAME, default_gguf_path, ensure_default_model
 from pyserve.errors import ModelLoadError
-from pyserve.model.gguf import convert_gguf
+from pyserve.model.gguf import CONVERSION, convert_gguf
 from pyserve.model.registry import model_class
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -31,7 +31,8 @@ class ModelSource:
 
 def _converted_gguf(gguf: Path, download_dir: str) -> Path:
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    made_from = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
+    key = hashlib.sha256(made_from.encode()).hexdigest()
     out = Path(download_dir) / "converted" / f"{gguf.stem}-{key[:12]}"
     if (out / "config.json").exists():
         return out

@@ -97,3 +97,49 @@ def test_int8_activations_stay_close_to_the_exact_output(gguf_file):
     assert result.top1_agree / result.positions > 0.85, result.describe()
     assert result.mean_abs_delta < 0.2, result.describe()
     assert max(result.greedy_common) >= 16, result.describe()
+
+
+def test_llama3_rope_scaling_written_by_llamacpp_is_read(tiny_model_factory, default_model_dir, tmp_path):
+    """llama.cpp's converter writes Llama 3's rope scaling only as the tensor rope_freqs.weight
+    (no metadata): read, the GGUF decodes as the safetensors directory does under
+    transformers (before, the scaling was dropped and the rope was the unscaled one)."""
+    from llamacpp_convert import convert
+    from make_tiny_model import make_tiny_model
+
+    from pyserve.model.gguf import _config
+
+    # SmolLM2's tokenizer: the converter refuses BPE pre-tokenizers it does not know
+    model_dir = make_tiny_model(tmp_path / "llama3", "llama3", tokenizer_from=default_model_dir)
+    gguf_file = convert(model_dir, tmp_path / "llama3.gguf")
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_file)
+    assert "rope_freqs.weight" in {t.name for t in reader.tensors}
+    assert not any("rope.scaling" in key for key in reader.fields)
+    cfg, _ = _config(reader)
+    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    hf = load_hf(model_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = ["The quick brown fox jumps over the lazy dog and then it runs far away", "Paris is"]
+    outs = LLM(str(gguf_file), download_dir=str(tmp_path / "cache")).generate(prompts, params)
+    for out in outs:
+        assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, 24)
+
+
+def test_rope_freqs_that_no_llama3_scaling_gives_are_applied_as_divisors():
+    from pyserve.model.gguf import _scaling_from_rope_freqs
+    from pyserve.model.layers.rotary import RotaryEmbedding, _inv_freq, llama3_factors
+
+    llama3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    assert _scaling_from_rope_freqs(llama3_factors(128, 500000.0, llama3).float(), 128, 500000.0) == llama3
+    assert _scaling_from_rope_freqs(torch.ones(64), 128, 500000.0) is None
+    odd = torch.linspace(1.0, 3.0, 8)  # no Llama 3 scaling has these
+    scaling = _scaling_from_rope_freqs(odd, 16, 10000.0)
+    assert scaling["rope_type"] == "rope_freqs"
+    rope = RotaryEmbedding(16, 32, 10000.0, scaling)
+    expected = torch.arange(32.0)[:, None] * (_inv_freq(16, 10000.0) / odd)[None, :]
+    assert torch.equal(rope.cos, expected.cos())
+    with pytest.raises(Exception, match="rope_freqs.weight holds 3 factors"):
+        _scaling_from_rope_freqs(torch.ones(3), 16, 10000.0)

@@ -13,8 +13,9 @@ time must stay under HEALTH_BOUND_S.
                 output size now stops each, off the loop
 
 HEALTH_BOUND_S: /health answers in a few milliseconds on a quiet machine and within ~50 ms
-while a worker thread tokenizes; 250 ms leaves room for a loaded 2-core CI machine and is far
-below the seconds each case held it before."""
+while a worker thread tokenizes; 500 ms leaves room for a loaded 2-core CI machine (a parse
+of the body or a garbage collection of megabytes may hold the loop a few hundred ms there)
+and is far below the seconds each case held it before. `pytest -s` prints each case's worst."""
 
 import http.client
 import random

@@ -1,4 +1,5 @@
-"""Rotary position embedding, neox style (rotate halves), with Llama 3 or linear frequency scaling.
+"""Rotary position embedding, neox style (rotate halves), with Llama 3 or linear frequency scaling
+(or a GGUF's per-frequency divisors, rope_freqs).
 
 cos/sin are tabulated once in float32 for every position up to the model length; the
 inverse frequencies are computed exactly as Hugging Face computes them so float32 output
@@ -31,6 +32,13 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def llama3_factors(head_dim: int, base: float, scaling: dict) -> torch.Tensor:
+    """What Llama 3 scaling divides each inverse frequency by: llama.cpp writes these as the
+    GGUF tensor rope_freqs.weight instead of the scaling's parameters."""
+    inv_freq = _inv_freq(head_dim, base).double()
+    return inv_freq / _llama3_scaled(inv_freq, scaling)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict | None):
         super().__init__()
@@ -41,6 +49,8 @@ class RotaryEmbedding(nn.Module):
                 inv_freq = _llama3_scaled(inv_freq, scaling)
             elif kind == "linear":  # positions divided by the factor (Gemma 3's global layers)
                 inv_freq = inv_freq / float(scaling["factor"])
+            elif kind == "rope_freqs":  # a GGUF's per-frequency divisors, as llama.cpp applies them
+                inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
             else:
                 raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3, linear)")
         positions = torch.arange(max_positions, dtype=torch.float32)
