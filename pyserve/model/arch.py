@@ -37,6 +37,7 @@ class ModelArch:
     final_logit_softcapping: float | None = None  # Gemma 2: logits likewise
     rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3; no scaling)
     hidden_activation: str = "silu"
+    moe: Any = None  # layers/moe.py's MoeSpec for a mixture of experts (models/moe.py reads it)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer`, None where it attends globally."""
@@ -87,8 +88,9 @@ class ModelArch:
                 rope_scaling=scaling,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                qk_norm=arch == "Qwen3ForCausalLM" or arch.startswith("Gemma3"),
+                attention_bias=bool(cfg.get("attention_bias", cfg.get(
+                    "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")))),
+                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or arch.startswith("Gemma3"),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 bos_token_id=cfg.get("bos_token_id"),
@@ -99,9 +101,17 @@ class ModelArch:
                 final_logit_softcapping=_float_or_none(cfg.get("final_logit_softcapping")),
                 rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq")),
                 hidden_activation=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
+                moe=_moe_spec(arch, cfg, num_layers),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
+
+
+def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):
+    from pyserve.model.models.moe import moe_spec
+    from pyserve.model.registry import MOE_ARCHITECTURES
+
+    return moe_spec(architecture, cfg, num_layers) if architecture in MOE_ARCHITECTURES else None
 
 
 def _float_or_none(value) -> float | None:

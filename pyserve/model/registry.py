@@ -14,6 +14,8 @@ SUPPORTED_ARCHITECTURES = (
 )
 # models/gemma.py: Gemma 2 and 3 (a multimodal Gemma 3 checkpoint's text model only)
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+# models/moe.py: mixtures of experts on the Llama decoder
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM")
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread
@@ -33,10 +35,15 @@ def model_class(architecture: str):
         from pyserve.model.models.gemma import GemmaForCausalLM
 
         return GemmaForCausalLM
+    if architecture in MOE_ARCHITECTURES:
+        from pyserve.model.models.moe import MoeForCausalLM
+
+        return MoeForCausalLM
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture '{architecture}'; pyserve supports: "
-            + ", ".join(SUPPORTED_ARCHITECTURES + GEMMA_ARCHITECTURES + ENCODER_ARCHITECTURES))
+            + ", ".join(SUPPORTED_ARCHITECTURES + GEMMA_ARCHITECTURES + MOE_ARCHITECTURES
+                        + ENCODER_ARCHITECTURES))
     from pyserve.model.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM

@@ -152,12 +152,16 @@ class LlamaModel(nn.Module):
         if needs_embedding(arch, stage):
             self.embed_tokens = VocabParallelEmbedding(arch.vocab_size, arch.hidden_size, dtype, tp)
         rotary = RotaryEmbedding(arch.head_dim, max_positions, arch.rope_theta, arch.rope_scaling)
-        self.layers = stage_layers(
-            arch, stage, lambda i: LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i)))
+        self.layers = stage_layers(arch, stage, lambda i: self.make_layer(arch, rotary, dtype, tp, i))
         self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
         if stage.is_last:
             self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self._stack = None  # (caches, layers' native calls, the stack or None): native_stack
+
+    def make_layer(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
+                   i: int) -> nn.Module:
+        """Decoder layer i (a family whose layers differ overrides this: models/moe.py)."""
+        return LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i))
 
     def native_stack(self, kv_caches: list[KVCache]):
         """This stage's layers as one native call on these caches (_native.LlamaStack), or

@@ -1,0 +1,144 @@
+"""Mixtures of experts on the Llama-family decoder: Qwen3-MoE (q/k norm), Qwen2-MoE (qkv bias,
+a gated shared expert) and Mixtral. Each MoE layer's MLP is layers/moe.py's SparseMoe; layers
+the config keeps dense (mlp_only_layers, decoder_sparse_step) keep the Llama MLP.
+
+Their config reading lives here (moe_spec). Checkpoints name each expert's weights apart
+(experts.{e}.gate_proj / up_proj / down_proj, Mixtral's block_sparse_moe.experts.{e}.w1 / w3
+/ w2) or, as transformers 5 holds them, stacked (experts.gate_up_proj, experts.down_proj);
+both load.
+
+On the CPU an MoE layer runs in Python over the packed kernels of its attention, expert by
+expert in float32 (torch's GEMMs): exact, not yet fast (issue 56's fused native path is the
+next step). One rank only: tensor and pipeline parallelism are refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Iterable
+
+import torch
+
+from pyserve.errors import ModelLoadError
+from pyserve.model.arch import ModelArch
+from pyserve.model.layers.moe import MoeSpec, SparseMoe
+from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
+from pyserve.model.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+logger = logging.getLogger("pyserve")
+
+# a per-expert checkpoint name -> (layer, expert, which part of gate_up_proj / down_proj)
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                     r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
+_PART = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
+_STACKED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+
+
+def _num_experts(cfg: dict, default: int) -> int:
+    # hub configs say num_experts (Mixtral's num_local_experts); transformers 5 writes
+    # num_local_experts for every one of them
+    value = cfg.get("num_experts", cfg.get("num_local_experts"))
+    return default if value is None else int(value)
+
+
+def moe_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
+    """The MoE shape of a config.json (transformers' defaults for the keys it leaves out); a
+    layout this block cannot run is a ModelLoadError naming the key."""
+    spec = _read_spec(architecture, cfg, num_layers)
+    if not 1 <= spec.top_k <= spec.num_experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok {spec.top_k} must be between 1 and "
+                             f"the {spec.num_experts} experts")
+    if spec.expert_size <= 0 or (spec.shared_expert_size is not None and spec.shared_expert_size <= 0):
+        raise ModelLoadError("config.json: the experts' intermediate sizes must be positive")
+    return spec
+
+
+def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
+    if architecture == "MixtralForCausalLM":
+        return MoeSpec(num_experts=_num_experts(cfg, 8),
+                       top_k=int(cfg.get("num_experts_per_tok", 2)),
+                       expert_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
+                       sparse_layers=(True,) * num_layers)
+    qwen2 = architecture == "Qwen2MoeForCausalLM"
+    experts = _num_experts(cfg, 60 if qwen2 else 128)
+    step = int(cfg.get("decoder_sparse_step", 1))
+    dense = set(cfg.get("mlp_only_layers") or ())
+    sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
+    return MoeSpec(num_experts=experts, top_k=int(cfg.get("num_experts_per_tok", 4 if qwen2 else 8)),
+                   expert_size=int(cfg.get("moe_intermediate_size", 1408 if qwen2 else 768)),
+                   norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), sparse_layers=sparse,
+                   shared_expert_size=(int(cfg.get("shared_expert_intermediate_size", 5632))
+                                       if qwen2 else None))
+
+
+class MoeDecoderLayer(LlamaDecoderLayer):
+    def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
+        super().__init__(arch, rotary, dtype, tp, window)
+        spec = arch.moe
+        shared = None
+        if spec.shared_expert_size is not None:
+            shared = LlamaMLP(dataclasses.replace(arch, intermediate_size=spec.shared_expert_size),
+                              dtype, tp)
+        self.mlp = SparseMoe(arch.hidden_size, spec, dtype, shared)
+
+    def make_native(self) -> None:
+        """The experts have no native call yet: the layer runs in Python."""
+
+
+class MoeModel(LlamaModel):
+    def make_layer(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, i: int):
+        if arch.moe.sparse_layers[i]:
+            return MoeDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i))
+        return super().make_layer(arch, rotary, dtype, tp, i)
+
+
+class MoeForCausalLM(LlamaForCausalLM):
+    model_class = MoeModel
+
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
+        if tp.size != 1 or not (stage.is_first and stage.is_last):
+            raise ModelLoadError(f"{arch.architecture}: mixtures of experts run on one rank for now "
+                                 "(--tensor-parallel-size and --pipeline-parallel-size 1)")
+        super().__init__(arch, max_positions, dtype, tp, stage)
+        logger.info("%s: %s", arch.architecture, arch.moe.describe(arch.hidden_size))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The experts' weights into their stacked parameters (a stacked parameter counts as
+        loaded once every expert's part of it is); the rest as the Llama decoder loads it,
+        Mixtral's block_sparse_moe named mlp."""
+        params = dict(self.named_parameters())
+        filled: dict[str, int] = {}  # stacked parameter -> expert parts copied into it
+        loaded: set[str] = set()
+
+        def rest():
+            for name, tensor in weights:
+                expert = _EXPERT.fullmatch(name)
+                if expert is not None:
+                    layer, e, part = int(expert[1]), int(expert[2]), _PART[expert[3]]
+                    experts = f"model.layers.{layer}.mlp.experts."
+                    target = experts + ("down_proj" if part == 2 else "gate_up_proj")
+                    param = params.get(target)
+                    if param is None:
+                        continue
+                    if part == 2:
+                        param.data[e].copy_(tensor[...])
+                    else:
+                        size = param.shape[1] // 2
+                        param.data[e, part * size:(part + 1) * size].copy_(tensor[...])
+                    filled[target] = filled.get(target, 0) + 1
+                    continue
+                stacked = _STACKED_EXPERTS.fullmatch(name)
+                if stacked is not None and name in params:
+                    params[name].data.copy_(tensor[...])
+                    loaded.add(name)
+                    continue
+                yield name.replace(".block_sparse_moe.", ".mlp."), tensor
+
+        loaded |= super().load_weights(rest())
+        for target, parts in filled.items():
+            param = params[target]
+            if parts == param.shape[0] * (1 if target.endswith("down_proj") else 2):
+                loaded.add(target)
+        return loaded
