@@ -36,7 +36,8 @@ ARCHES = {
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
     # mixtures of experts: 8 experts of 32, top 2 (Qwen3-MoE: renormalised, its second layer
-    # dense; Qwen2-MoE: not renormalised, a gated shared expert; Mixtral: every layer sparse)
+    # dense; Qwen2-MoE: not renormalised, a gated shared expert; Mixtral: every layer sparse;
+    # OLMoE: q/k norms over the whole projection)
     "qwen3moe": ("Qwen3MoeConfig", dict(
         num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
@@ -45,6 +46,8 @@ ARCHES = {
         shared_expert_intermediate_size=48, norm_topk_prob=False)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
                                       sliding_window=None)),
+    "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                                  norm_topk_prob=False)),
     # sliding windows of 8 tokens (shorter than the test prompts, so local layers really slide)
     # between global layers; head_dim 64 apart from hidden / heads; an attention scale of its own
     "gemma3": ("Gemma3TextConfig", dict(

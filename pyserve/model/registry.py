@@ -15,7 +15,8 @@ SUPPORTED_ARCHITECTURES = (
 # models/gemma.py: Gemma 2 and 3 (a multimodal Gemma 3 checkpoint's text model only)
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # models/moe.py: mixtures of experts on the Llama decoder
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM",
+                     "OlmoeForCausalLM")
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread

@@ -1,5 +1,5 @@
 """Mixtures of experts (models/moe.py, layers/moe.py): the block against a plain loop over
-tokens and their experts; tiny Qwen3-MoE, Qwen2-MoE and Mixtral models through preemption,
+tokens and their experts; tiny Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE models through preemption,
 chunked prefill, prefix caching and n-gram speculation, equal to the plain run (their equality
 with transformers is test_tiny_models.py's); served over a socket equal to offline; and the
 refusals. Issue 56."""
@@ -86,7 +86,7 @@ def test_routing_ties_pick_as_topk_does():
     torch.testing.assert_close(moe(x).double(), plain(moe, x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe", "mixtral", "olmoe"])
 def moe_model(request, tiny_model_factory):
     return request.param, tiny_model_factory(request.param)
 

@@ -1,5 +1,5 @@
 """Mixtures of experts on the Llama-family decoder: Qwen3-MoE (q/k norm), Qwen2-MoE (qkv bias,
-a gated shared expert) and Mixtral. Each MoE layer's MLP is layers/moe.py's SparseMoe; layers
+a gated shared expert), Mixtral and OLMoE (q and k normalised over the whole projection). Each MoE layer's MLP is layers/moe.py's SparseMoe; layers
 the config keeps dense (mlp_only_layers, decoder_sparse_step) keep the Llama MLP.
 
 Their config reading lives here (moe_spec). Checkpoints name each expert's weights apart
@@ -24,7 +24,9 @@ from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
-from pyserve.model.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from pyserve.model.layers.norm import RMSNorm
+from pyserve.model.models.llama import (LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP,
+                                        LlamaModel)
 
 logger = logging.getLogger("pyserve")
 
@@ -60,6 +62,13 @@ def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
                        top_k=int(cfg.get("num_experts_per_tok", 2)),
                        expert_size=int(cfg["intermediate_size"]), norm_topk_prob=True,
                        sparse_layers=(True,) * num_layers)
+    if architecture == "OlmoeForCausalLM":
+        if cfg.get("clip_qkv") is not None:
+            raise ModelLoadError("config.json: OLMoE's clip_qkv is not supported yet")
+        return MoeSpec(num_experts=_num_experts(cfg, 64), top_k=int(cfg.get("num_experts_per_tok", 8)),
+                       expert_size=int(cfg["intermediate_size"]),
+                       norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                       sparse_layers=(True,) * num_layers)
     qwen2 = architecture == "Qwen2MoeForCausalLM"
     experts = _num_experts(cfg, 60 if qwen2 else 128)
     step = int(cfg.get("decoder_sparse_step", 1))
@@ -72,9 +81,29 @@ def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
                                        if qwen2 else None))
 
 
+class OlmoeAttention(LlamaAttention):
+    """OLMoE's attention: q and k RMS-normalised over all their heads at once, before the
+    heads are split (Qwen3 normalises each head)."""
+
+    def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
+        super().__init__(arch, rotary, dtype, tp, window)
+        self.q_norm = RMSNorm(self.q_size, arch.rms_norm_eps, dtype)
+        self.k_norm = RMSNorm(self.kv_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, positions, hidden, kv_cache, meta):
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.contiguous()).view(-1, self.num_heads, self.head_dim)
+        k = self.k_norm(k.contiguous()).view(-1, self.num_kv_heads, self.head_dim)
+        v = v.contiguous().view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
 class MoeDecoderLayer(LlamaDecoderLayer):
     def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
         super().__init__(arch, rotary, dtype, tp, window)
+        if arch.architecture == "OlmoeForCausalLM":
+            self.self_attn = OlmoeAttention(arch, rotary, dtype, tp, window)
         spec = arch.moe
         shared = None
         if spec.shared_expert_size is not None:
