@@ -172,7 +172,9 @@ FOREIGN: tuple[ForeignFlag, ...] = (
                 "(--cuda-graph-sizes); longer steps run eagerly anyway", type=int),
     ForeignFlag(("--compilation-config", "-O"), "does not use torch.compile (decode steps replay "
                 "CUDA graphs; --enforce-eager turns them off)"),
-    ForeignFlag(("--enable-expert-parallel", "-ep"), "serves dense models only", action="switch"),
+    ForeignFlag(("--enable-expert-parallel", "-ep"), "splits each expert's intermediate size across "
+                "the tensor-parallel ranks (vLLM's default) rather than placing whole experts on ranks",
+                action="switch"),
     ForeignFlag(("--max-parallel-loading-workers",), "loads weights in one pass", type=int),
     ForeignFlag(("--disable-fastapi-docs",), "serves no /docs or /redoc; its /openapi.json "
                 "(behind the API key) stays", action="switch"),

@@ -2,7 +2,7 @@
 tokens and their experts; tiny Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE models through preemption,
 chunked prefill, prefix caching and n-gram speculation, equal to the plain run (their equality
 with transformers is test_tiny_models.py's); served over a socket equal to offline; and the
-refusals. Issue 56."""
+refusals; tensor and pipeline parallelism equal to one rank. Issue 56."""
 
 import json
 
@@ -14,7 +14,7 @@ from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
 from pyserve.model.layers.parallel import TPGroup
-from pyserve.model.models.moe import MoeForCausalLM, moe_spec
+from pyserve.model.models.moe import moe_spec
 
 PROMPTS = ["Hello, world!", "The quick brown fox jumps over", "Paris is the capital of",
            "The capital of France is Paris. The capital of France is"]
@@ -128,10 +128,29 @@ def test_served_over_a_socket_equals_offline(tiny_model_factory):
         assert srv.stop() == 0
 
 
+@pytest.mark.parametrize("arch,tp,pp", [("qwen2moe", 2, 1), ("qwen3moe", 1, 2), ("mixtral", 2, 1)])
+def test_tensor_and_pipeline_parallel_equal_one_rank(tiny_model_factory, arch, tp, pp):
+    """Each expert's intermediate size split over two ranks (the shared expert's too), or the
+    layers over two stages (Qwen3-MoE's dense middle layer on the first): the same greedy ids
+    and logprobs to float32 reduction noise."""
+    from tests.executor.ranks import assert_same_greedy
+
+    path = tiny_model_factory(arch, arch == "mixtral")  # sharded: each rank narrows the slices
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    want = LLM(str(path)).generate(PROMPTS, params)
+    split = LLM(str(path), tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    try:
+        assert_same_greedy(want, split.generate(PROMPTS, params))
+    finally:
+        split.shutdown()
+
+
 def test_expert_layouts_it_cannot_run_are_refused_by_name(tiny_model_factory):
     cfg = json.loads((tiny_model_factory("qwen3moe") / "config.json").read_text())
     with pytest.raises(ModelLoadError, match="num_experts_per_tok"):
         moe_spec("Qwen3MoeForCausalLM", {**cfg, "num_experts_per_tok": 9}, 3)
+    with pytest.raises(ModelLoadError, match="clip_qkv"):
+        moe_spec("OlmoeForCausalLM", {**cfg, "clip_qkv": 8.0}, 3)
     arch = ModelArch.from_hf_config(cfg)
-    with pytest.raises(ModelLoadError, match="tensor-parallel-size"):
-        MoeForCausalLM(arch, 64, torch.float32, TPGroup(rank=0, size=2))
+    with pytest.raises(ValueError, match="experts' intermediate size"):  # 32 over 3 ranks
+        SparseMoe(64, arch.moe, torch.float32, tp=TPGroup(rank=0, size=3))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pyserve.model.layers.activation import silu_and_mul
+from pyserve.model.layers.parallel import SINGLE, TPGroup
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,15 @@ class MoeSpec:
 
 
 class SparseMoe(nn.Module):
-    def __init__(self, hidden_size: int, spec: MoeSpec, dtype: torch.dtype, shared_expert=None):
-        """shared_expert: Qwen2-MoE's dense expert (a module of [T, H] -> [T, H]); its output
-        is scaled by the sigmoid of shared_expert_gate and added."""
+    def __init__(self, hidden_size: int, spec: MoeSpec, dtype: torch.dtype, shared_expert=None,
+                 tp: TPGroup = SINGLE):
+        """shared_expert: Qwen2-MoE's dense expert (a module of [T, H] -> [T, H], whole on
+        every rank); its output is scaled by the sigmoid of shared_expert_gate and added.
+        tp: each expert's intermediate size split across the ranks (vLLM's default), their
+        partial sums all-reduced once; the router is whole on every rank."""
         super().__init__()
-        e, i = spec.num_experts, spec.expert_size
+        e, i = spec.num_experts, tp.shard(spec.expert_size, "the experts' intermediate size")
+        self.tp = tp
         self.gate = nn.Linear(hidden_size, e, bias=False, dtype=dtype)  # the router
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, hidden_size, dtype=dtype),
@@ -73,6 +78,7 @@ class SparseMoe(nn.Module):
             rows = F.linear(x[token], self.experts.gate_up_proj[expert])
             rows = F.linear(silu_and_mul(rows), self.experts.down_proj[expert])
             out.index_add_(0, token, rows * weights[token, choice, None])
+        out = self.tp.all_reduce(out)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

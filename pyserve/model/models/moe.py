@@ -9,7 +9,8 @@ both load.
 
 On the CPU an MoE layer runs in Python over the packed kernels of its attention, expert by
 expert in float32 (torch's GEMMs): exact, not yet fast (issue 56's fused native path is the
-next step). One rank only: tensor and pipeline parallelism are refused by name."""
+next step). Tensor parallelism splits each expert's intermediate size across the ranks
+(vLLM's default), pipeline parallelism splits the layers as for any decoder."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         if spec.shared_expert_size is not None:
             shared = LlamaMLP(dataclasses.replace(arch, intermediate_size=spec.shared_expert_size),
                               dtype, tp)
-        self.mlp = SparseMoe(arch.hidden_size, spec, dtype, shared)
+        self.mlp = SparseMoe(arch.hidden_size, spec, dtype, shared, tp)
 
     def make_native(self) -> None:
         """The experts have no native call yet: the layer runs in Python."""
@@ -127,10 +128,8 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE,
                  stage: PipelineStage = WHOLE_MODEL):
-        if tp.size != 1 or not (stage.is_first and stage.is_last):
-            raise ModelLoadError(f"{arch.architecture}: mixtures of experts run on one rank for now "
-                                 "(--tensor-parallel-size and --pipeline-parallel-size 1)")
         super().__init__(arch, max_positions, dtype, tp, stage)
+        self.tp = tp
         logger.info("%s: %s", arch.architecture, arch.moe.describe(arch.hidden_size))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -151,16 +150,16 @@ class MoeForCausalLM(LlamaForCausalLM):
                     param = params.get(target)
                     if param is None:
                         continue
-                    if part == 2:
-                        param.data[e].copy_(tensor[...])
-                    else:
-                        size = param.shape[1] // 2
-                        param.data[e, part * size:(part + 1) * size].copy_(tensor[...])
+                    n = param.shape[2] if part == 2 else param.shape[1] // 2  # this rank's share
+                    if part == 2:  # [H, I]: this rank's columns
+                        param.data[e].copy_(tensor.narrow(1, self.tp.rank * n, n))
+                    else:  # [I, H]: this rank's rows, into the gate or the up half
+                        param.data[e, part * n:(part + 1) * n].copy_(tensor.narrow(0, self.tp.rank * n, n))
                     filled[target] = filled.get(target, 0) + 1
                     continue
                 stacked = _STACKED_EXPERTS.fullmatch(name)
                 if stacked is not None and name in params:
-                    params[name].data.copy_(tensor[...])
+                    self._load_stacked(params[name], tensor, stacked[2])
                     loaded.add(name)
                     continue
                 yield name.replace(".block_sparse_moe.", ".mlp."), tensor
@@ -171,3 +170,15 @@ class MoeForCausalLM(LlamaForCausalLM):
             if parts == param.shape[0] * (1 if target.endswith("down_proj") else 2):
                 loaded.add(target)
         return loaded
+
+    def _load_stacked(self, param: torch.nn.Parameter, tensor, which: str) -> None:
+        """transformers 5's stacked experts: gate_up_proj [E, 2I, H] (this rank's rows of
+        each half), down_proj [E, H, I] (its columns)."""
+        rank = self.tp.rank
+        if which == "down_proj":
+            n = param.shape[2]
+            param.data.copy_(tensor.narrow(2, rank * n, n))
+            return
+        n, whole = param.shape[1] // 2, tensor.shape[1] // 2
+        for half in (0, 1):
+            param.data[:, half * n:(half + 1) * n].copy_(tensor.narrow(1, half * whole + rank * n, n))
