@@ -81,6 +81,15 @@ def test_required_and_named():
     assert calls == [{"name": "f", "arguments": '{"a": 1}'}]
 
 
+def test_a_required_calls_name_decoded_to_a_lone_surrogate_is_written():
+    # found by tests/fuzz/fuzz_model_text.py: orjson refused the name "g\ude00"
+    import orjson
+
+    fields = make("required").whole('[{"name": "g\\ude00", "parameters": {"s": "\\ud800"}}]')
+    assert fields["tool_calls"][0]["function"] == {"name": "g\ufffd", "arguments": '{"s": "\ufffd"}'}
+    orjson.dumps(fields)
+
+
 @pytest.mark.parametrize("mode", ["named", "required"])
 def test_a_forced_call_cut_by_max_tokens_is_no_call(mode):
     """vLLM answers a forced call that max_tokens cut with finish_reason "length" and no call;

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from pyserve.server.strict_json import json_text, valid_escapes
+from pyserve.server.strict_json import json_text, valid_escapes, valid_unicode
 
 
 def call_id() -> str:
@@ -43,7 +43,9 @@ def _required_calls(text: str) -> list[dict]:
         return []
     if not isinstance(items, list):
         return []
-    return [_call(item["name"], json_text(item.get("parameters", {})))
+    # a name is the grammar's enum of the tools' names; decoded from escapes it could still
+    # hold a lone surrogate, which no UTF-8 writer takes (U+FFFD, as in the arguments)
+    return [_call(valid_unicode(item["name"]), json_text(item.get("parameters", {})))
             for item in items if isinstance(item, dict) and isinstance(item.get("name"), str)]
 
 
