@@ -28,6 +28,10 @@ ARCHES = {
         rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                high_freq_factor=4.0,
                                                original_max_position_embeddings=64))),
+    # YaRN over an original length of 64 (every test prompt reaches past the interpolated band)
+    "qwen3-yarn": ("Qwen3Config", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64))),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

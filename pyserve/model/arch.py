@@ -67,6 +67,8 @@ class ModelArch:
                 scaling.setdefault("rope_type", scaling.get("type", "default"))
                 if scaling["rope_type"] == "default":
                     scaling = None
+                elif scaling["rope_type"] in ("yarn", "llama3"):
+                    _original_positions(scaling, cfg)
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             sliding = cfg.get("sliding_window")
@@ -105,6 +107,19 @@ class ModelArch:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
+
+
+def _original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
+    """The pretraining length a YaRN or Llama 3 scaling extends: its own key, else the
+    config's (Phi-3 and others write it there); a YaRN without a factor extends it to
+    max_position_embeddings (DeepSeek-V3's rule, transformers')."""
+    if scaling.get("original_max_position_embeddings") is None:
+        if cfg.get("original_max_position_embeddings") is None:
+            raise ModelLoadError(f"config.json: rope scaling '{scaling['rope_type']}' needs "
+                                 "original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    if scaling["rope_type"] == "yarn" and scaling.get("factor") is None:
+        scaling["factor"] = int(cfg["max_position_embeddings"]) / int(scaling["original_max_position_embeddings"])
 
 
 def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):

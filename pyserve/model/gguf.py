@@ -134,6 +134,14 @@ def _config(reader) -> tuple[dict, str]:
             "high_freq_factor": float(get("rope.scaling.high_freq_factor", 4.0)),
             "original_max_position_embeddings": int(get("rope.scaling.original_context_length", 8192)),
         }
+    elif factor is not None and get("rope.scaling.type") == "yarn":
+        cfg["rope_scaling"] = {"rope_type": "yarn", "factor": float(factor),
+                               "original_max_position_embeddings": int(get("rope.scaling.original_context_length"))}
+        for key in ("beta_fast", "beta_slow"):
+            if get(f"rope.scaling.yarn_{key}") is not None:
+                cfg["rope_scaling"][key] = float(get(f"rope.scaling.yarn_{key}"))
+    elif factor is not None and get("rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
     else:
         freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
         if freqs is not None:

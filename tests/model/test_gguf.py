@@ -127,6 +127,26 @@ def test_llama3_rope_scaling_written_by_llamacpp_is_read(tiny_model_factory, def
         assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, 24)
 
 
+def test_yarn_rope_scaling_written_by_llamacpp_is_read(default_model_dir, tmp_path):
+    """A Qwen3 with YaRN (llama.cpp writes it as metadata): the GGUF decodes as transformers
+    decodes the safetensors directory."""
+    from gguf import GGUFReader
+    from llamacpp_convert import convert
+    from make_tiny_model import make_tiny_model
+
+    from pyserve.model.gguf import _config
+
+    model_dir = make_tiny_model(tmp_path / "yarn", "qwen3-yarn", tokenizer_from=default_model_dir)
+    gguf_file = convert(model_dir, tmp_path / "yarn.gguf")
+    cfg, _ = _config(GGUFReader(gguf_file))
+    assert cfg["rope_scaling"]["rope_type"] == "yarn" and cfg["rope_scaling"]["factor"] == 4.0
+    hf = load_hf(model_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = ["The quick brown fox jumps over the lazy dog and then it runs far away", "Paris is"]
+    for out in LLM(str(gguf_file), download_dir=str(tmp_path / "cache")).generate(prompts, params):
+        assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids, 24)
+
+
 def test_rope_freqs_that_no_llama3_scaling_gives_are_applied_as_divisors():
     from pyserve.model.gguf import _scaling_from_rope_freqs
     from pyserve.model.layers.rotary import RotaryEmbedding, _inv_freq, llama3_factors

@@ -1,5 +1,5 @@
-"""Rotary position embedding, neox style (rotate halves), with Llama 3 or linear frequency scaling
-(or a GGUF's per-frequency divisors, rope_freqs).
+"""Rotary position embedding, neox style (rotate halves), with Llama 3, linear or YaRN frequency
+scaling (or a GGUF's per-frequency divisors, rope_freqs).
 
 cos/sin are tabulated once in float32 for every position up to the model length; the
 inverse frequencies are computed exactly as Hugging Face computes them so float32 output
@@ -32,6 +32,39 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def _yarn_scaled(head_dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as transformers computes it: each frequency between
+    interpolated (divided by the factor) and kept, by a linear ramp over the dimensions whose
+    wavelength fits beta_fast to beta_slow times in the original context; and the attention
+    factor that scales cos and sin."""
+    factor = float(s["factor"])
+    original = float(s["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    kept = 1 - ramp  # how much of each frequency stays as it is (extrapolated)
+    powers = base ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+    inv_freq = (1.0 / (factor * powers)) * (1 - kept) + (1.0 / powers) * kept
+    return inv_freq, float(attention)
+
+
 def llama3_factors(head_dim: int, base: float, scaling: dict) -> torch.Tensor:
     """What Llama 3 scaling divides each inverse frequency by: llama.cpp writes these as the
     GGUF tensor rope_freqs.weight instead of the scaling's parameters."""
@@ -43,20 +76,27 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, base: float, scaling: dict | None):
         super().__init__()
         inv_freq = _inv_freq(head_dim, base)
+        attention = 1.0  # what cos and sin are scaled by (YaRN's attention factor)
         if scaling is not None:
             kind = scaling.get("rope_type")
-            if kind == "llama3":
+            if kind == "yarn":
+                inv_freq, attention = _yarn_scaled(head_dim, base, scaling)
+            elif kind == "llama3":
                 inv_freq = _llama3_scaled(inv_freq, scaling)
             elif kind == "linear":  # positions divided by the factor (Gemma 3's global layers)
                 inv_freq = inv_freq / float(scaling["factor"])
             elif kind == "rope_freqs":  # a GGUF's per-frequency divisors, as llama.cpp applies them
                 inv_freq = inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
             else:
-                raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3, linear)")
+                raise ValueError(f"rope scaling '{kind}' is not supported (supported: llama3, "
+                                 "linear, yarn)")
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", freqs.cos(), persistent=False)  # [max_positions, head_dim/2]
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        if attention != 1.0:
+            cos, sin = cos * attention, sin * attention
+        self.register_buffer("cos", cos, persistent=False)  # [max_positions, head_dim/2]
+        self.register_buffer("sin", sin, persistent=False)
         # the native kernel's table: [max_positions, head_dim] = cat(cos, sin)
         self.register_buffer("cos_sin", torch.cat((self.cos, self.sin), dim=-1), persistent=False)
         self.head_dim = head_dim
