@@ -32,6 +32,12 @@ ARCHES = {
     "qwen3-yarn": ("Qwen3Config", dict(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
         rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64))),
+    # NoPE every second layer (SmolLM3 drops rope every fourth); tied as SmolLM3-3B
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                                      tie_word_embeddings=True)),
+    # q/k/v and gate/up each one tensor in the checkpoint
+    "phi3": ("Phi3Config", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
+                                pad_token_id=0)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

@@ -38,6 +38,7 @@ class ModelArch:
     rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3; no scaling)
     hidden_activation: str = "silu"
     moe: Any = None  # layers/moe.py's MoeSpec for a mixture of experts (models/moe.py reads it)
+    nope_layers: tuple[int, ...] = ()  # layers whose attention has no rotary embedding (SmolLM3)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer`, None where it attends globally."""
@@ -69,10 +70,14 @@ class ModelArch:
                     scaling = None
                 elif scaling["rope_type"] in ("yarn", "llama3"):
                     _original_positions(scaling, cfg)
+            partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+            if partial not in (None, 1, 1.0):
+                raise ModelLoadError(f"config.json: partial_rotary_factor {partial} (rope over part "
+                                     "of each head) is not supported yet")
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             sliding = cfg.get("sliding_window")
-            if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
+            if arch.startswith(("Qwen", "SmolLM3")) and not cfg.get("use_sliding_window", False):
                 sliding = None
             num_layers = int(cfg["num_hidden_layers"])
             layer_types = _layer_types(arch, cfg, num_layers) if sliding else None
@@ -104,6 +109,7 @@ class ModelArch:
                 rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq")),
                 hidden_activation=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 moe=_moe_spec(arch, cfg, num_layers),
+                nope_layers=_nope_layers(arch, cfg, num_layers),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
@@ -120,6 +126,14 @@ def _original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
         scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     if scaling["rope_type"] == "yarn" and scaling.get("factor") is None:
         scaling["factor"] = int(cfg["max_position_embeddings"]) / int(scaling["original_max_position_embeddings"])
+
+
+def _nope_layers(architecture: str, cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    if architecture != "SmolLM3ForCausalLM":
+        return ()
+    from pyserve.model.models.smollm3 import nope_layers
+
+    return nope_layers(cfg, num_layers)
 
 
 def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):

@@ -17,6 +17,9 @@ GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForCondi
 # models/moe.py: mixtures of experts on the Llama decoder
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM",
                      "OlmoeForCausalLM")
+# the Llama decoder with a family's own difference, each in models/<family>.py
+FAMILY_ARCHITECTURES = {"SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
+                        "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM")}
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread
@@ -36,6 +39,11 @@ def model_class(architecture: str):
         from pyserve.model.models.gemma import GemmaForCausalLM
 
         return GemmaForCausalLM
+    if architecture in FAMILY_ARCHITECTURES:
+        import importlib
+
+        module, name = FAMILY_ARCHITECTURES[architecture]
+        return getattr(importlib.import_module(f"pyserve.model.models.{module}"), name)
     if architecture in MOE_ARCHITECTURES:
         from pyserve.model.models.moe import MoeForCausalLM
 
@@ -43,8 +51,8 @@ def model_class(architecture: str):
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
             f"unsupported architecture '{architecture}'; pyserve supports: "
-            + ", ".join(SUPPORTED_ARCHITECTURES + GEMMA_ARCHITECTURES + MOE_ARCHITECTURES
-                        + ENCODER_ARCHITECTURES))
+            + ", ".join(SUPPORTED_ARCHITECTURES + GEMMA_ARCHITECTURES + tuple(FAMILY_ARCHITECTURES)
+                        + MOE_ARCHITECTURES + ENCODER_ARCHITECTURES))
     from pyserve.model.models.llama import LlamaForCausalLM
 
     return LlamaForCausalLM

@@ -66,7 +66,8 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        if self.rotary is not None:  # None: a layer without positions (SmolLM3's NoPE layers)
+            q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v, kv_cache, meta))
 
 
@@ -102,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
         linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                               mlp.down_proj)]
         if (self.tp.size != 1 or attn.q_norm is not None or attn.attn.window is not None
-                or None in linears
+                or attn.rotary is None or None in linears
                 or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
             return
         self.native = _native.LlamaLayer(

@@ -1,0 +1,40 @@
+"""The Llama decoder's small families (models/smollm3.py, models/phi3.py): what their config
+reading decides, and Phi-3's fused tensors cut per tensor-parallel rank. Their greedy equality
+with transformers is test_tiny_models.py's."""
+
+import json
+
+import pytest
+
+from pyserve import LLM, SamplingParams
+from pyserve.errors import ModelLoadError
+from pyserve.model.arch import ModelArch
+from pyserve.model.models.smollm3 import nope_layers
+
+
+def test_smollm3_reads_its_nope_layers(tiny_model_factory):
+    cfg = json.loads((tiny_model_factory("smollm3") / "config.json").read_text())
+    assert ModelArch.from_hf_config(cfg).nope_layers == (1, 3)
+    assert nope_layers({}, 8) == (3, 7)  # transformers' default: every fourth layer
+    with pytest.raises(ModelLoadError, match="no_rope_layers"):
+        nope_layers({"no_rope_layers": [1, 0]}, 3)
+
+
+def test_phi3_fused_tensors_are_cut_per_rank(tiny_model_factory):
+    from tests.executor.ranks import assert_same_greedy
+
+    path = tiny_model_factory("phi3", True)  # sharded: the fused tensors arrive as slices
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    prompts = ["Hello, world!", "The quick brown fox jumps over"]
+    want = LLM(str(path)).generate(prompts, params)
+    split = LLM(str(path), tensor_parallel_size=2)
+    try:
+        assert_same_greedy(want, split.generate(prompts, params))
+    finally:
+        split.shutdown()
+
+
+def test_a_partial_rotary_factor_is_refused_by_name(tiny_model_factory):
+    cfg = json.loads((tiny_model_factory("phi3") / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
+        ModelArch.from_hf_config({**cfg, "partial_rotary_factor": 0.75})
