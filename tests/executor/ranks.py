@@ -19,6 +19,20 @@ def segments_of(pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"pyserve-tp-{pid}-")]
 
 
+def assert_split_equals_one_rank(path, prompts: list[str], **split_flags) -> None:
+    """The model at path split over ranks (split_flags: tensor_parallel_size=2, ...) gives the
+    greedy ids and logprobs it gives on one rank (assert_same_greedy)."""
+    from pyserve import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    want = LLM(str(path)).generate(prompts, params)
+    split = LLM(str(path), **split_flags)
+    try:
+        assert_same_greedy(want, split.generate(prompts, params))
+    finally:
+        split.shutdown()
+
+
 def assert_same_greedy(want, got) -> None:
     """The same greedy ids, and the same sampled logprobs (to 1e-4), request by request."""
     for one, two in zip(want, got, strict=True):

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from pyserve import LLM, SamplingParams
 from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.models.smollm3 import nope_layers
@@ -21,17 +20,11 @@ def test_smollm3_reads_its_nope_layers(tiny_model_factory):
 
 
 def test_phi3_fused_tensors_are_cut_per_rank(tiny_model_factory):
-    from tests.executor.ranks import assert_same_greedy
+    from tests.executor.ranks import assert_split_equals_one_rank
 
     path = tiny_model_factory("phi3", True)  # sharded: the fused tensors arrive as slices
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
-    prompts = ["Hello, world!", "The quick brown fox jumps over"]
-    want = LLM(str(path)).generate(prompts, params)
-    split = LLM(str(path), tensor_parallel_size=2)
-    try:
-        assert_same_greedy(want, split.generate(prompts, params))
-    finally:
-        split.shutdown()
+    assert_split_equals_one_rank(path, ["Hello, world!", "The quick brown fox jumps over"],
+                                 tensor_parallel_size=2)
 
 
 def test_a_partial_rotary_factor_is_refused_by_name(tiny_model_factory):

@@ -133,16 +133,10 @@ def test_tensor_and_pipeline_parallel_equal_one_rank(tiny_model_factory, arch, t
     """Each expert's intermediate size split over two ranks (the shared expert's too), or the
     layers over two stages (Qwen3-MoE's dense middle layer on the first): the same greedy ids
     and logprobs to float32 reduction noise."""
-    from tests.executor.ranks import assert_same_greedy
+    from tests.executor.ranks import assert_split_equals_one_rank
 
     path = tiny_model_factory(arch, arch == "mixtral")  # sharded: each rank narrows the slices
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
-    want = LLM(str(path)).generate(PROMPTS, params)
-    split = LLM(str(path), tensor_parallel_size=tp, pipeline_parallel_size=pp)
-    try:
-        assert_same_greedy(want, split.generate(PROMPTS, params))
-    finally:
-        split.shutdown()
+    assert_split_equals_one_rank(path, PROMPTS, tensor_parallel_size=tp, pipeline_parallel_size=pp)
 
 
 def test_expert_layouts_it_cannot_run_are_refused_by_name(tiny_model_factory):
