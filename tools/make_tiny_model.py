@@ -38,6 +38,10 @@ ARCHES = {
     # q/k/v and gate/up each one tensor in the checkpoint
     "phi3": ("Phi3Config", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None,
                                 pad_token_id=0)),
+    # multipliers far from 1, so that each one shows (Granite 3's are 12, 1/128, 0.22, 8)
+    "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, attention_multiplier=0.05,
+                                      residual_multiplier=0.3, logits_scaling=4.0,
+                                      tie_word_embeddings=True)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

@@ -39,6 +39,7 @@ class ModelArch:
     hidden_activation: str = "silu"
     moe: Any = None  # layers/moe.py's MoeSpec for a mixture of experts (models/moe.py reads it)
     nope_layers: tuple[int, ...] = ()  # layers whose attention has no rotary embedding (SmolLM3)
+    family: Any = None  # what a family's own module reads from config.json (its family_config)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer`, None where it attends globally."""
@@ -110,6 +111,7 @@ class ModelArch:
                 hidden_activation=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 moe=_moe_spec(arch, cfg, num_layers),
                 nope_layers=_nope_layers(arch, cfg, num_layers),
+                family=_family_config(arch, cfg),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
@@ -134,6 +136,19 @@ def _nope_layers(architecture: str, cfg: dict[str, Any], num_layers: int) -> tup
     from pyserve.model.models.smollm3 import nope_layers
 
     return nope_layers(cfg, num_layers)
+
+
+def _family_config(architecture: str, cfg: dict[str, Any]):
+    """models/<family>.py's family_config(cfg), for a family that has one."""
+    import importlib
+
+    from pyserve.model.registry import FAMILY_ARCHITECTURES
+
+    if architecture not in FAMILY_ARCHITECTURES:
+        return None
+    module = importlib.import_module(f"pyserve.model.models.{FAMILY_ARCHITECTURES[architecture][0]}")
+    reader = getattr(module, "family_config", None)
+    return reader(cfg) if reader is not None else None
 
 
 def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):

@@ -19,7 +19,8 @@ MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCa
                      "OlmoeForCausalLM")
 # the Llama decoder with a family's own difference, each in models/<family>.py
 FAMILY_ARCHITECTURES = {"SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
-                        "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM")}
+                        "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+                        "GraniteForCausalLM": ("granite", "GraniteForCausalLM")}
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread

@@ -31,3 +31,22 @@ def test_a_partial_rotary_factor_is_refused_by_name(tiny_model_factory):
     cfg = json.loads((tiny_model_factory("phi3") / "config.json").read_text())
     with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
         ModelArch.from_hf_config({**cfg, "partial_rotary_factor": 0.75})
+
+
+def test_granite_logprobs_are_transformers_with_its_logits_scaling(tiny_model_factory):
+    # greedy ids (test_tiny_models.py) do not see a division of the logits; logprobs do
+    import torch
+
+    from pyserve import LLM, SamplingParams
+
+    from .reference import load_hf
+
+    path = tiny_model_factory("granite")
+    out = LLM(str(path)).generate("The quick brown fox", SamplingParams(max_tokens=1, logprobs=5,
+                                                                        temperature=0.0))[0]
+    hf = load_hf(path)
+    with torch.no_grad():
+        logits = hf(torch.tensor([out.prompt_token_ids])).logits[0, -1]
+    want = torch.log_softmax(logits, -1)
+    for token, logprob in out.outputs[0].logprobs[0].items():
+        assert logprob.logprob == pytest.approx(want[token].item(), abs=1e-4)

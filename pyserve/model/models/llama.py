@@ -164,6 +164,10 @@ class LlamaModel(nn.Module):
         """Decoder layer i (a family whose layers differ overrides this: models/moe.py)."""
         return LlamaDecoderLayer(arch, rotary, dtype, tp, arch.layer_window(i))
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input (a family that scales it overrides this: models/granite.py)."""
+        return self.embed_tokens(input_ids)
+
     def native_stack(self, kv_caches: list[KVCache]):
         """This stage's layers as one native call on these caches (_native.LlamaStack), or
         None where a layer is not native or the caches span KV groups. Built on the first step
@@ -185,7 +189,7 @@ class LlamaModel(nn.Module):
         """kv_caches: this stage's layers' caches, in order; carried: the previous stage's
         (hidden, residual) on a later stage. -> the final hidden states [T, hidden_size] on
         the last stage, (hidden, residual) for the next stage on the others."""
-        hidden, residual = (self.embed_tokens(input_ids), None) if carried is None else carried
+        hidden, residual = (self.embed(input_ids), None) if carried is None else carried
         stack = self.native_stack(kv_caches)
         if stack is not None:
             slot_mapping, block_tables = meta.for_group(getattr(kv_caches[0], "group", 0))
