@@ -42,6 +42,8 @@ ARCHES = {
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, attention_multiplier=0.05,
                                       residual_multiplier=0.3, logits_scaling=4.0,
                                       tie_word_embeddings=True)),
+    # norms after attention and MLP; q/k norms over the whole projection
+    "olmo2": ("Olmo2Config", dict(num_hidden_layers=3)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

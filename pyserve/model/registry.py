@@ -20,7 +20,8 @@ MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCa
 # the Llama decoder with a family's own difference, each in models/<family>.py
 FAMILY_ARCHITECTURES = {"SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
                         "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
-                        "GraniteForCausalLM": ("granite", "GraniteForCausalLM")}
+                        "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+                        "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM")}
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread

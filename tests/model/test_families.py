@@ -1,6 +1,7 @@
-"""The Llama decoder's small families (models/smollm3.py, models/phi3.py): what their config
-reading decides, and Phi-3's fused tensors cut per tensor-parallel rank. Their greedy equality
-with transformers is test_tiny_models.py's."""
+"""The Llama decoder's small families (models/smollm3.py, phi3.py, granite.py, olmo2.py): what
+their config reading decides, Phi-3's fused tensors cut per tensor-parallel rank, Granite's
+logits scaling in the logprobs, OLMo's refusal of split heads. Their greedy equality with
+transformers is test_tiny_models.py's."""
 
 import json
 
@@ -50,3 +51,14 @@ def test_granite_logprobs_are_transformers_with_its_logits_scaling(tiny_model_fa
     want = torch.log_softmax(logits, -1)
     for token, logprob in out.outputs[0].logprobs[0].items():
         assert logprob.logprob == pytest.approx(want[token].item(), abs=1e-4)
+
+
+def test_olmo_q_k_norms_over_all_heads_refuse_tensor_parallel_ranks(tiny_model_factory):
+    import torch
+
+    from pyserve.model.layers.parallel import TPGroup
+    from pyserve.model.models.olmo2 import Olmo2ForCausalLM
+
+    cfg = json.loads((tiny_model_factory("olmo2") / "config.json").read_text())
+    with pytest.raises(ValueError, match="one tensor-parallel rank"):
+        Olmo2ForCausalLM(ModelArch.from_hf_config(cfg), 64, torch.float32, TPGroup(rank=0, size=2))

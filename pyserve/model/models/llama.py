@@ -71,6 +71,28 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v, kv_cache, meta))
 
 
+class ProjectionNormedAttention(LlamaAttention):
+    """OLMo 2's and OLMoE's attention: q and k RMS-normalised over all their heads at once,
+    before the heads are split (Qwen3 normalises each head)."""
+
+    def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
+                 window: int | None = None):
+        super().__init__(arch, rotary, dtype, tp, window)
+        if tp.size != 1:  # the norm spans every head: a rank holds only some
+            raise ValueError(f"{arch.architecture}: its q/k norms span all heads; serve it on one "
+                             "tensor-parallel rank")
+        self.q_norm = RMSNorm(self.q_size, arch.rms_norm_eps, dtype)
+        self.k_norm = RMSNorm(self.kv_size, arch.rms_norm_eps, dtype)
+
+    def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.contiguous()).view(-1, self.num_heads, self.head_dim)
+        k = self.k_norm(k.contiguous()).view(-1, self.num_kv_heads, self.head_dim)
+        v = v.contiguous().view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, activation=silu_and_mul):
         """activation: the gated MLP's (SiLU here, GELU-tanh for Gemma)."""

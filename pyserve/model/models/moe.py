@@ -25,9 +25,8 @@ from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
-from pyserve.model.layers.norm import RMSNorm
-from pyserve.model.models.llama import (LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP,
-                                        LlamaModel)
+from pyserve.model.models.llama import (LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel,
+                                        ProjectionNormedAttention)
 
 logger = logging.getLogger("pyserve")
 
@@ -82,29 +81,11 @@ def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
                                        if qwen2 else None))
 
 
-class OlmoeAttention(LlamaAttention):
-    """OLMoE's attention: q and k RMS-normalised over all their heads at once, before the
-    heads are split (Qwen3 normalises each head)."""
-
-    def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
-        super().__init__(arch, rotary, dtype, tp, window)
-        self.q_norm = RMSNorm(self.q_size, arch.rms_norm_eps, dtype)
-        self.k_norm = RMSNorm(self.kv_size, arch.rms_norm_eps, dtype)
-
-    def forward(self, positions, hidden, kv_cache, meta):
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.contiguous()).view(-1, self.num_heads, self.head_dim)
-        k = self.k_norm(k.contiguous()).view(-1, self.num_kv_heads, self.head_dim)
-        v = v.contiguous().view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
-
-
 class MoeDecoderLayer(LlamaDecoderLayer):
     def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
         super().__init__(arch, rotary, dtype, tp, window)
         if arch.architecture == "OlmoeForCausalLM":
-            self.self_attn = OlmoeAttention(arch, rotary, dtype, tp, window)
+            self.self_attn = ProjectionNormedAttention(arch, rotary, dtype, tp, window)
         spec = arch.moe
         shared = None
         if spec.shared_expert_size is not None:
