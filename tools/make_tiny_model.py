@@ -44,6 +44,12 @@ ARCHES = {
                                       tie_word_embeddings=True)),
     # norms after attention and MLP; q/k norms over the whole projection
     "olmo2": ("Olmo2Config", dict(num_hidden_layers=3)),
+    # OLMo 2's layers, windows of 8 on three layers of four, YaRN on the full layers only
+    "olmo3": ("Olmo3Config", dict(
+        num_hidden_layers=4, sliding_window=8, max_position_embeddings=1024,
+        rope_parameters={"full_attention": dict(rope_type="yarn", factor=4.0, rope_theta=10000.0,
+                                                original_max_position_embeddings=64),
+                         "sliding_attention": dict(rope_type="default", rope_theta=500.0)})),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

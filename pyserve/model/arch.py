@@ -70,7 +70,7 @@ class ModelArch:
                 if scaling["rope_type"] == "default":
                     scaling = None
                 elif scaling["rope_type"] in ("yarn", "llama3"):
-                    _original_positions(scaling, cfg)
+                    fill_original_positions(scaling, cfg)
             partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
             if partial not in (None, 1, 1.0):
                 raise ModelLoadError(f"config.json: partial_rotary_factor {partial} (rope over part "
@@ -117,7 +117,7 @@ class ModelArch:
             raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
 
 
-def _original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
+def fill_original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
     """The pretraining length a YaRN or Llama 3 scaling extends: its own key, else the
     config's (Phi-3 and others write it there); a YaRN without a factor extends it to
     max_position_embeddings (DeepSeek-V3's rule, transformers')."""
