@@ -50,6 +50,9 @@ ARCHES = {
         rope_parameters={"full_attention": dict(rope_type="yarn", factor=4.0, rope_theta=10000.0,
                                                 original_max_position_embeddings=64),
                          "sliding_attention": dict(rope_type="default", rope_theta=500.0)})),
+    # windows of 8 on every other layer
+    "ministral": ("MinistralConfig", dict(num_hidden_layers=4, head_dim=16, sliding_window=8,
+                                          layer_types=["sliding_attention", "full_attention"] * 2)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

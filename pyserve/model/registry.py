@@ -9,6 +9,7 @@ from pyserve.errors import ModelLoadError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "MinistralForCausalLM",  # Mistral with sliding windows by layer_types
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )
