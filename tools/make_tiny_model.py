@@ -53,6 +53,8 @@ ARCHES = {
     # windows of 8 on every other layer
     "ministral": ("MinistralConfig", dict(num_hidden_layers=4, head_dim=16, sliding_window=8,
                                           layer_types=["sliding_attention", "full_attention"] * 2)),
+    # q/k/v biases by default (attention_bias left out of the config)
+    "seed_oss": ("SeedOssConfig", dict(head_dim=16)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

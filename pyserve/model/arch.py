@@ -71,6 +71,9 @@ class ModelArch:
                     scaling = None
                 elif scaling["rope_type"] in ("yarn", "llama3"):
                     fill_original_positions(scaling, cfg)
+            for key in ("mlp_bias", "attention_out_bias"):  # biases the layers do not have
+                if cfg.get(key):
+                    raise ModelLoadError(f"config.json: {key} is not supported yet")
             partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
             if partial not in (None, 1, 1.0):
                 raise ModelLoadError(f"config.json: partial_rotary_factor {partial} (rope over part "
@@ -97,7 +100,7 @@ class ModelArch:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", cfg.get(
-                    "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")))),
+                    "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "SeedOssForCausalLM")))),
                 qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or arch.startswith("Gemma3"),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),

@@ -10,6 +10,7 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "MinistralForCausalLM",  # Mistral with sliding windows by layer_types
+    "SeedOssForCausalLM",  # ByteDance Seed-OSS: Llama with q/k/v biases
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
 )

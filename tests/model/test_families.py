@@ -62,3 +62,10 @@ def test_olmo_q_k_norms_over_all_heads_refuse_tensor_parallel_ranks(tiny_model_f
     cfg = json.loads((tiny_model_factory("olmo2") / "config.json").read_text())
     with pytest.raises(ValueError, match="one tensor-parallel rank"):
         Olmo2ForCausalLM(ModelArch.from_hf_config(cfg), 64, torch.float32, TPGroup(rank=0, size=2))
+
+
+@pytest.mark.parametrize("key", ["mlp_bias", "attention_out_bias"])
+def test_biases_the_layers_do_not_have_are_refused_by_name(tiny_model_factory, key):
+    cfg = json.loads((tiny_model_factory("llama") / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match=key):
+        ModelArch.from_hf_config({**cfg, key: True})
