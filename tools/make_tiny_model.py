@@ -55,6 +55,9 @@ ARCHES = {
                                           layer_types=["sliding_attention", "full_attention"] * 2)),
     # q/k/v biases by default (attention_bias left out of the config)
     "seed_oss": ("SeedOssConfig", dict(head_dim=16)),
+    # post-norms, per-head q/k norms, windows of 8 on three layers of four, no rope on the fourth
+    "exaone4": ("Exaone4Config", dict(num_hidden_layers=4, head_dim=16, sliding_window=8,
+                                      sliding_window_pattern=4)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

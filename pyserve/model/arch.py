@@ -101,7 +101,8 @@ class ModelArch:
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", cfg.get(
                     "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "SeedOssForCausalLM")))),
-                qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or arch.startswith("Gemma3"),
+                qk_norm=(arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Exaone4ForCausalLM")
+                         or arch.startswith("Gemma3")),
                 sliding_window=int(sliding) if sliding else None,
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 bos_token_id=cfg.get("bos_token_id"),

@@ -18,9 +18,10 @@ from pyserve.model.models.llama import (LlamaForCausalLM, LlamaMLP, LlamaModel,
 
 class Olmo2DecoderLayer(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
-                 window: int | None):
+                 window: int | None, attention: nn.Module | None = None):
+        """attention: another family's (EXAONE 4's per-head q/k norms); OLMo's by default."""
         super().__init__()
-        self.self_attn = ProjectionNormedAttention(arch, rotary, dtype, tp, window)
+        self.self_attn = attention or ProjectionNormedAttention(arch, rotary, dtype, tp, window)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(arch, dtype, tp)
         self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
