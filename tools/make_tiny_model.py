@@ -58,6 +58,8 @@ ARCHES = {
     # post-norms, per-head q/k norms, windows of 8 on three layers of four, no rope on the fourth
     "exaone4": ("Exaone4Config", dict(num_hidden_layers=4, head_dim=16, sliding_window=8,
                                       sliding_window_pattern=4)),
+    # four norms a layer, rope over half of each head in interleaved pairs, q/k/v biases
+    "glm4": ("Glm4Config", dict(head_dim=16, partial_rotary_factor=0.5)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

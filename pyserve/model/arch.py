@@ -75,7 +75,7 @@ class ModelArch:
                 if cfg.get(key):
                     raise ModelLoadError(f"config.json: {key} is not supported yet")
             partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-            if partial not in (None, 1, 1.0):
+            if partial not in (None, 1, 1.0) and arch != "Glm4ForCausalLM":  # GLM's own rope
                 raise ModelLoadError(f"config.json: partial_rotary_factor {partial} (rope over part "
                                      "of each head) is not supported yet")
             eos = cfg.get("eos_token_id")
@@ -100,7 +100,8 @@ class ModelArch:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", cfg.get(
-                    "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "SeedOssForCausalLM")))),
+                    "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "SeedOssForCausalLM",
+                                         "Glm4ForCausalLM")))),
                 qk_norm=(arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Exaone4ForCausalLM")
                          or arch.startswith("Gemma3")),
                 sliding_window=int(sliding) if sliding else None,
