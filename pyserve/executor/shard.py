@@ -106,6 +106,7 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
     model = load_model(spec.arch, spec.path, spec.load_format, spec.dtype, device,
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
                        spec.int8_activations, stage, spec.bf16_gemm, spec.bf16x3)
+    capturable = getattr(model, "graph_capturable", True)  # a family's word on CUDA graphs
     if links is not None:
         from pyserve.executor.pipeline_stage import PipelineStageModel
 
@@ -120,7 +121,10 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
         num_blocks = _measured_num_blocks(model, spec, tp, device, layout)
     kv_caches = allocate_kv_caches(layout, num_blocks, spec.block_size, device)
     runner = ModelRunner(model, kv_caches, spec.block_size, device, spec.seed, num_blocks)
-    if device.type == "cuda" and spec.cuda_graph_sizes:
+    if device.type == "cuda" and spec.cuda_graph_sizes and not capturable:
+        logger.info("CUDA graphs: off for %s, whose forward depends on the step's data (as "
+                    "--enforce-eager)", spec.arch.architecture)
+    elif device.type == "cuda" and spec.cuda_graph_sizes:
         from pyserve.model.cuda_graphs import capture_decode_graphs
 
         runner.graphs = capture_decode_graphs(model, kv_caches, spec.cuda_graph_sizes,

@@ -106,6 +106,8 @@ class MoeModel(LlamaModel):
 
 class MoeForCausalLM(LlamaForCausalLM):
     model_class = MoeModel
+    # the experts a step runs are read from its routing on the host: no CUDA graph holds that
+    graph_capturable = False
 
     def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, tp: TPGroup = SINGLE,
                  stage: PipelineStage = WHOLE_MODEL):
