@@ -60,6 +60,8 @@ ARCHES = {
                                       sliding_window_pattern=4)),
     # four norms a layer, rope over half of each head in interleaved pairs, q/k/v biases
     "glm4": ("Glm4Config", dict(head_dim=16, partial_rotary_factor=0.5)),
+    # rope in interleaved pairs over whole heads; tied
+    "ernie4_5": ("Ernie4_5Config", dict(head_dim=16, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

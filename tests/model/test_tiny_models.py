@@ -21,7 +21,7 @@ PROMPTS = [
     ("mistral", False), ("mistral-sw", False), ("qwen2", False), ("qwen3", False),
     ("qwen3-yarn", False), ("smollm3", False), ("phi3", True), ("granite", False),
     ("olmo2", False), ("olmo3", False), ("ministral", False),
-    ("seed_oss", False), ("exaone4", False), ("glm4", False),
+    ("seed_oss", False), ("exaone4", False), ("glm4", False), ("ernie4_5", False),
     ("qwen3moe", False), ("qwen2moe", False), ("mixtral", True), ("olmoe", False),
 ])
 def test_greedy_matches_transformers(tiny_model_factory, arch, shard):

@@ -115,3 +115,28 @@ class RotaryEmbedding(nn.Module):
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class InterleavedRotary(nn.Module):
+    """GPT-J's layout (GLM-4, ERNIE 4.5): pairs of dimensions (2i, 2i+1) turned by frequency i,
+    over the first `share` of each head, the rest passed through; the operations transformers'
+    code for them runs, in its order."""
+
+    def __init__(self, head_dim: int, share: float, max_positions: int, base: float,
+                 scaling: dict | None):
+        super().__init__()
+        self.dim = int(head_dim * share)
+        table = RotaryEmbedding(self.dim, max_positions, base, scaling)  # [positions, dim / 2]
+        self.register_buffer("cos", table.cos, persistent=False)
+        self.register_buffer("sin", table.sin, persistent=False)
+
+    def _turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        turned, passed = x[..., :self.dim], x[..., self.dim:]
+        pairs = torch.stack((-turned[..., 1::2], turned[..., 0::2]), dim=-1).flatten(-2)
+        return torch.cat([turned * cos + pairs * sin, passed], dim=-1)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies."""
+        cos = self.cos[positions].repeat_interleave(2, dim=-1).unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].repeat_interleave(2, dim=-1).unsqueeze(1).to(q.dtype)
+        return self._turn(q, cos, sin), self._turn(k, cos, sin)

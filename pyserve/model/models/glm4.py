@@ -12,7 +12,7 @@ from torch import nn
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import TPGroup
-from pyserve.model.layers.rotary import RotaryEmbedding
+from pyserve.model.layers.rotary import InterleavedRotary, RotaryEmbedding
 from pyserve.model.models.llama import LlamaAttention, LlamaMLP, LlamaModel
 from pyserve.model.models.phi3 import Phi3ForCausalLM
 
@@ -23,32 +23,8 @@ def family_config(cfg: dict) -> float:
     return float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.5)))
 
 
-class InterleavedPartialRotary(nn.Module):
-    """Rope over the first `dim` dimensions of each head, pairs (2i, 2i+1) turned by frequency
-    i, the rest passed through: the operations transformers' GLM code runs, in its order."""
-
-    def __init__(self, head_dim: int, share: float, max_positions: int, base: float,
-                 scaling: dict | None):
-        super().__init__()
-        self.dim = int(head_dim * share)
-        table = RotaryEmbedding(self.dim, max_positions, base, scaling)  # [positions, dim / 2]
-        self.register_buffer("cos", table.cos, persistent=False)
-        self.register_buffer("sin", table.sin, persistent=False)
-
-    def _turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        turned, passed = x[..., :self.dim], x[..., self.dim:]
-        pairs = torch.stack((-turned[..., 1::2], turned[..., 0::2]), dim=-1).flatten(-2)
-        return torch.cat([turned * cos + pairs * sin, passed], dim=-1)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies."""
-        cos = self.cos[positions].repeat_interleave(2, dim=-1).unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].repeat_interleave(2, dim=-1).unsqueeze(1).to(q.dtype)
-        return self._turn(q, cos, sin), self._turn(k, cos, sin)
-
-
 class Glm4DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, rotary: InterleavedPartialRotary, dtype: torch.dtype,
+    def __init__(self, arch: ModelArch, rotary: InterleavedRotary, dtype: torch.dtype,
                  tp: TPGroup, window: int | None):
         super().__init__()
         norm = lambda: RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)  # noqa: E731
@@ -73,8 +49,8 @@ class Glm4Model(LlamaModel):
     def make_layer(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
                    i: int) -> nn.Module:
         if not hasattr(self, "partial_rotary"):  # one table for every layer, made once
-            self.partial_rotary = InterleavedPartialRotary(arch.head_dim, arch.family, rotary.cos.shape[0],
-                                                           arch.rope_theta, arch.rope_scaling)
+            self.partial_rotary = InterleavedRotary(arch.head_dim, arch.family, rotary.cos.shape[0],
+                                                    arch.rope_theta, arch.rope_scaling)
         return Glm4DecoderLayer(arch, self.partial_rotary, dtype, tp, arch.layer_window(i))
 
 

@@ -125,7 +125,8 @@ class LlamaDecoderLayer(nn.Module):
         linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                               mlp.down_proj)]
         if (self.tp.size != 1 or attn.q_norm is not None or attn.attn.window is not None
-                or attn.rotary is None or None in linears
+                or not isinstance(attn.rotary, RotaryEmbedding)  # the kernel's: neox, whole heads
+                or None in linears
                 or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
             return
         self.native = _native.LlamaLayer(
