@@ -69,3 +69,10 @@ def test_biases_the_layers_do_not_have_are_refused_by_name(tiny_model_factory, k
     cfg = json.loads((tiny_model_factory("llama") / "config.json").read_text())
     with pytest.raises(ModelLoadError, match=key):
         ModelArch.from_hf_config({**cfg, key: True})
+
+
+def test_ernie_use_bias_is_refused_by_name(tiny_model_factory):
+    cfg = json.loads((tiny_model_factory("ernie4_5") / "config.json").read_text())
+    assert ModelArch.from_hf_config(cfg).family is None
+    with pytest.raises(ModelLoadError, match="use_bias"):
+        ModelArch.from_hf_config({**cfg, "use_bias": True})
