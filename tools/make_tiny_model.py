@@ -62,6 +62,9 @@ ARCHES = {
     "glm4": ("Glm4Config", dict(head_dim=16, partial_rotary_factor=0.5)),
     # rope in interleaved pairs over whole heads; tied
     "ernie4_5": ("Ernie4_5Config", dict(head_dim=16, tie_word_embeddings=True)),
+    # q/k norms after the rope, whose base NTK-alpha stretches (the checkpoints' "dynamic")
+    "hunyuan": ("HunYuanDenseV1Config", dict(
+        head_dim=16, rope_scaling=dict(type="dynamic", alpha=1000.0, factor=1.0))),
     "mistral": ("MistralConfig", dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=96,
                                       head_dim=16, sliding_window=None)),
     # every layer windowed, 8 tokens: shorter than the test prompts

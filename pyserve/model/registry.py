@@ -27,7 +27,8 @@ FAMILY_ARCHITECTURES = {"SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
                         "Olmo3ForCausalLM": ("olmo3", "Olmo3ForCausalLM"),
                         "Exaone4ForCausalLM": ("exaone4", "Exaone4ForCausalLM"),
                         "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
-                        "Ernie4_5ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM")}
+                        "Ernie4_5ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM"),
+                        "HunYuanDenseV1ForCausalLM": ("hunyuan", "HunYuanDenseV1ForCausalLM")}
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread

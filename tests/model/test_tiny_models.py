@@ -22,6 +22,7 @@ PROMPTS = [
     ("qwen3-yarn", False), ("smollm3", False), ("phi3", True), ("granite", False),
     ("olmo2", False), ("olmo3", False), ("ministral", False),
     ("seed_oss", False), ("exaone4", False), ("glm4", False), ("ernie4_5", False),
+    ("hunyuan", False),
     ("qwen3moe", False), ("qwen2moe", False), ("mixtral", True), ("olmoe", False),
 ])
 def test_greedy_matches_transformers(tiny_model_factory, arch, shard):
