@@ -38,7 +38,6 @@ class ModelArch:
     rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3; no scaling)
     hidden_activation: str = "silu"
     moe: Any = None  # layers/moe.py's MoeSpec for a mixture of experts (models/moe.py reads it)
-    nope_layers: tuple[int, ...] = ()  # layers whose attention has no rotary embedding (SmolLM3)
     family: Any = None  # what a family's own module reads from config.json (its family_config)
 
     def layer_window(self, layer: int) -> int | None:
@@ -115,7 +114,6 @@ class ModelArch:
                 rope_local_theta=_float_or_none(cfg.get("rope_local_base_freq")),
                 hidden_activation=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 moe=_moe_spec(arch, cfg, num_layers),
-                nope_layers=_nope_layers(arch, cfg, num_layers),
                 family=_family_config(arch, cfg),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -133,14 +131,6 @@ def fill_original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
         scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
     if scaling["rope_type"] == "yarn" and scaling.get("factor") is None:
         scaling["factor"] = int(cfg["max_position_embeddings"]) / int(scaling["original_max_position_embeddings"])
-
-
-def _nope_layers(architecture: str, cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
-    if architecture != "SmolLM3ForCausalLM":
-        return ()
-    from pyserve.model.models.smollm3 import nope_layers
-
-    return nope_layers(cfg, num_layers)
 
 
 def _family_config(architecture: str, cfg: dict[str, Any]):

@@ -14,7 +14,7 @@ from pyserve.model.models.smollm3 import nope_layers
 
 def test_smollm3_reads_its_nope_layers(tiny_model_factory):
     cfg = json.loads((tiny_model_factory("smollm3") / "config.json").read_text())
-    assert ModelArch.from_hf_config(cfg).nope_layers == (1, 3)
+    assert ModelArch.from_hf_config(cfg).family == (1, 3)  # its NoPE layers
     assert nope_layers({}, 8) == (3, 7)  # transformers' default: every fourth layer
     with pytest.raises(ModelLoadError, match="no_rope_layers"):
         nope_layers({"no_rope_layers": [1, 0]}, 3)

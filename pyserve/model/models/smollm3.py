@@ -14,6 +14,11 @@ from pyserve.model.layers.rotary import RotaryEmbedding
 from pyserve.model.models.llama import LlamaForCausalLM, LlamaModel
 
 
+def family_config(cfg: dict) -> tuple[int, ...]:
+    """ModelArch.family: the layers without rope."""
+    return nope_layers(cfg, int(cfg["num_hidden_layers"]))
+
+
 def nope_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
     """The layers without rope: no_rope_layers' zeros, else every no_rope_layer_interval-th
     layer (transformers' default)."""
@@ -31,7 +36,7 @@ class SmolLM3Model(LlamaModel):
     def make_layer(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
                    i: int) -> nn.Module:
         layer = super().make_layer(arch, rotary, dtype, tp, i)
-        if i in arch.nope_layers:
+        if i in arch.family:
             layer.self_attn.rotary = None
         return layer
 
