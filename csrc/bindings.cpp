@@ -270,6 +270,15 @@ PYBIND11_MODULE(_C, m) {
         py::arg("n"), py::call_guard<py::gil_scoped_release>());
   m.def("packed_linear", &pyserve::cpu::packed_linear, py::arg("out"), py::arg("x"),
         py::arg("packed"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("packed_in_features", &pyserve::cpu::packed_in_features, py::arg("packed"));
+  m.def("grouped_linear", &pyserve::cpu::grouped_linear, py::arg("out"), py::arg("x"),
+        py::arg("packed"), py::arg("offsets"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("fused_moe", &pyserve::cpu::fused_moe, py::arg("out"), py::arg("x"), py::arg("topk_ids"),
+        py::arg("topk_weights"), py::arg("gate_up"), py::arg("down"),
+        py::arg("gate_up_bias") = py::none(), py::arg("down_bias") = py::none(),
+        py::arg("activation") = "silu", py::arg("alpha") = 1.702, py::arg("limit") = 7.0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &pyserve::rms_norm, py::arg("out"), py::arg("input"), py::arg("weight"),
         py::arg("epsilon"), py::call_guard<py::gil_scoped_release>());
   m.def("fused_add_rms_norm", &pyserve::fused_add_rms_norm, py::arg("input"), py::arg("residual"),

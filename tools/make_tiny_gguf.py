@@ -1,7 +1,8 @@
-"""Writes a tiny random Llama as a GGUF file with its weights in chosen GGUF block types, for
+"""Writes a tiny random Llama, or a tiny Qwen3-MoE (--arch qwen3moe, llama.cpp's stacked
+ffn_*_exps expert tensors), as a GGUF file with its weights in chosen GGUF block types, for
 tests of the quantized CPU kernels against transformers loading the same file:
 
-    python tools/make_tiny_gguf.py OUT.gguf [--types mixed|Q5_0|Q4_K|...] [--seed 0]
+    python tools/make_tiny_gguf.py OUT.gguf [--arch llama|qwen3moe] [--types mixed|Q5_0|Q4_K|...] [--seed 0]
 
 `mixed` spreads Q4_0, Q4_K, Q5_K and Q6_K over the layers (and keeps a few tensors in types
 pyserve widens); a single type puts every linear weight and the embedding in it. The weights
@@ -139,7 +140,49 @@ def _tokenizer_fields(hf_dir: Path) -> tuple[list[str], list[int], list[str]]:
     return tokens, [3 if i in special else 1 for i in range(len(tokens))], merges
 
 
-def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0) -> Path:
+MOE_CONFIG = dict(CONFIG, moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2,
+                  norm_topk_prob=True, head_dim=64)
+# --types mixed for the MoE: Q4_K_M's choices for experts (gate and up Q4_K, down Q6_K on
+# some layers), a layer whose gate and up differ in type (two stacks), one of Q8_0 experts
+MOE_MIXED = {
+    "token_embd": "Q4_K", "output": "Q6_K",
+    0: dict(attn_q="Q4_K", attn_k="Q4_K", attn_v="Q6_K", attn_output="Q4_K",
+            ffn_gate_exps="Q4_K", ffn_up_exps="Q4_K", ffn_down_exps="Q6_K"),
+    1: dict(attn_q="Q5_K", attn_k="Q5_K", attn_v="Q5_K", attn_output="Q5_K",
+            ffn_gate_exps="Q5_K", ffn_up_exps="Q4_K", ffn_down_exps="Q4_K"),
+    2: dict(attn_q="Q8_0", attn_k="Q8_0", attn_v="Q8_0", attn_output="Q4_0",
+            ffn_gate_exps="Q8_0", ffn_up_exps="Q8_0", ffn_down_exps="Q5_0"),
+}
+
+
+def _start_writer(out_path: Path, arch: str, name: str, cfg: dict, tokens, token_types, merges):
+    """A GGUF writer holding the keys every tiny model shares and its tokenizer."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(out_path), arch)
+    writer.add_name(name)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_vocab_size(cfg["vocab_size"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(cfg["bos_token_id"])
+    writer.add_eos_token_id(cfg["eos_token_id"])
+    writer.add_pad_token_id(cfg["pad_token_id"])
+    return writer
+
+
+def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0, arch: str = "llama") -> Path:
+    if arch == "qwen3moe":
+        return make_tiny_moe_gguf(out_path, types, seed)
     import gguf
     import torch
     import transformers
@@ -159,24 +202,7 @@ def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0) ->
             return types
         return MIXED[role] if layer is None else MIXED[layer][role]
 
-    writer = gguf.GGUFWriter(str(out_path), "llama")
-    writer.add_name("tiny-kquant")
-    writer.add_context_length(CONFIG["max_position_embeddings"])
-    writer.add_embedding_length(CONFIG["hidden_size"])
-    writer.add_feed_forward_length(CONFIG["intermediate_size"])
-    writer.add_block_count(CONFIG["num_hidden_layers"])
-    writer.add_head_count(CONFIG["num_attention_heads"])
-    writer.add_head_count_kv(CONFIG["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(CONFIG["rms_norm_eps"])
-    writer.add_rope_freq_base(CONFIG["rope_theta"])
-    writer.add_vocab_size(CONFIG["vocab_size"])
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(token_types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(CONFIG["bos_token_id"])
-    writer.add_eos_token_id(CONFIG["eos_token_id"])
-    writer.add_pad_token_id(CONFIG["pad_token_id"])
+    writer = _start_writer(out_path, "llama", "tiny-kquant", CONFIG, tokens, token_types, merges)
 
     def add(name: str, weight: np.ndarray, type_name: str) -> None:
         data = encode(weight, type_name)
@@ -202,13 +228,76 @@ def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0) ->
     return out_path
 
 
+def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0) -> Path:
+    """A tiny Qwen3-MoE as llama.cpp lays it out: q/k norms, a float32 router
+    (ffn_gate_inp) and each projection's experts stacked in one 3-D tensor."""
+    import gguf
+    import torch
+    import transformers
+
+    from make_tiny_model import make_tokenizer
+
+    out_path, cfg = Path(out_path), MOE_CONFIG
+    torch.manual_seed(seed)
+    model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tokenizer(Path(tmp))
+        tokens, token_types, merges = _tokenizer_fields(Path(tmp))
+
+    def type_of(role: str, layer: int | None) -> str:
+        if types != "mixed":
+            return types
+        return MOE_MIXED[role] if layer is None else MOE_MIXED[layer][role]
+
+    writer = _start_writer(out_path, "qwen3moe", "tiny-moe", cfg, tokens, token_types, merges)
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_value_length(cfg["head_dim"])
+    writer.add_expert_count(cfg["num_experts"])
+    writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+
+    def add(name: str, weight: np.ndarray, type_name: str) -> None:
+        if weight.ndim == 3:  # stacked experts: each expert's rows encoded, then stacked
+            data = np.stack([encode(w, type_name) for w in weight])
+        else:
+            data = encode(weight, type_name)
+        raw = None if type_name in ("F32", "F16") else gguf.GGMLQuantizationType[type_name]
+        writer.add_tensor(name, data, raw_dtype=raw)
+
+    add("token_embd.weight", state["model.embed_tokens.weight"], type_of("token_embd", None))
+    i_size = cfg["moe_intermediate_size"]
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        add(f"blk.{i}.attn_norm.weight", state[layer + "input_layernorm.weight"], "F32")
+        add(f"blk.{i}.ffn_norm.weight", state[layer + "post_attention_layernorm.weight"], "F32")
+        add(f"blk.{i}.attn_q_norm.weight", state[layer + "self_attn.q_norm.weight"], "F32")
+        add(f"blk.{i}.attn_k_norm.weight", state[layer + "self_attn.k_norm.weight"], "F32")
+        for role, hf in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"),
+                         ("attn_output", "o_proj")):
+            add(f"blk.{i}.{role}.weight", state[layer + f"self_attn.{hf}.weight"], type_of(role, i))
+        add(f"blk.{i}.ffn_gate_inp.weight", state[layer + "mlp.gate.weight"], "F32")
+        gate_up = state[layer + "mlp.experts.gate_up_proj"]  # [E, 2I, H]
+        add(f"blk.{i}.ffn_gate_exps.weight", gate_up[:, :i_size], type_of("ffn_gate_exps", i))
+        add(f"blk.{i}.ffn_up_exps.weight", gate_up[:, i_size:], type_of("ffn_up_exps", i))
+        add(f"blk.{i}.ffn_down_exps.weight", state[layer + "mlp.experts.down_proj"], type_of("ffn_down_exps", i))
+    add("output_norm.weight", state["model.norm.weight"], "F32")
+    add("output.weight", state["lm_head.weight"], type_of("output", None))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen3moe"])
     parser.add_argument("--types", default="mixed", help="mixed, or one GGUF type for every weight")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(make_tiny_gguf(args.out, args.types, args.seed))
+    print(make_tiny_gguf(args.out, args.types, args.seed, args.arch))
 
 
 if __name__ == "__main__":

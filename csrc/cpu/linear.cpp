@@ -1023,6 +1023,46 @@ void int8_linear(const float* x, const uint8_t* packed, const float* bias, float
 }
 #endif
 
+// Rows [0, M) of x against panels [p0, p1) of a packed weight: out[M, cols of those panels]
+// (row stride ldo), bias (if any) of the whole weight's N columns. The body of a parallel
+// region: packed_linear_impl's and grouped_linear_impl's.
+template <typename Format>
+void panels_rows(const float* x, int64_t M, int64_t K, const uint8_t* packed, int64_t panel_bytes,
+                 int64_t p0, int64_t p1, int64_t N, float* out, int64_t ldo, const float* bias) {
+#ifdef PYSERVE_VEC
+  if constexpr (Format::kQuantized && kRowPanels > 1) {
+    if (M == 1) {
+      one_row_panels<kRowPanels, Format>(x, packed, panel_bytes, p0, p1, N, K, out, bias);
+      return;
+    }
+  }
+#endif
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = packed + p * panel_bytes;
+    const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
+    const float* b = bias ? bias + n0 : nullptr;
+#ifdef PYSERVE_VEC
+    if (M > kMaxRows) {
+      panel_rows_chunked<Format>(x, M, K, panel, out + n0, ldo, cols, b);
+      continue;
+    }
+#endif
+    // equal tiles of at most kMaxRows rows (16 as 8 + 8: a 4-row tile loads a weight
+    // vector for every 4 FMAs)
+    const int64_t tiles = (M + kMaxRows - 1) / kMaxRows;
+    for (int64_t t = 0, m = 0; t < tiles; ++t) {
+      const int rows = static_cast<int>((M - m) / (tiles - t));
+#ifdef PYSERVE_VEC
+      tile_rows<Format>(rows, std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K, panel,
+                        K, out + m * ldo + n0, ldo, cols, b);
+#else
+      tile_plain<Format>(rows, x + m * K, K, panel, K, out + m * ldo + n0, ldo, cols, b);
+#endif
+      m += rows;
+    }
+  }
+}
+
 template <typename Format>
 void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias, float* out,
                         int64_t M, int64_t N, int64_t K) {
@@ -1037,42 +1077,88 @@ void packed_linear_impl(const float* x, const uint8_t* packed, const float* bias
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {
     const int64_t m1 = std::min(M, m0 + chunk);
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-#ifdef PYSERVE_VEC
-      if constexpr (Format::kQuantized && kRowPanels > 1) {
-        if (m1 - m0 == 1) {
-          one_row_panels<kRowPanels, Format>(x + m0 * K, packed, panel_bytes, p0, p1, N, K, out + m0 * N, bias);
-          return;
-        }
-      }
-#endif
-      for (int64_t p = p0; p < p1; ++p) {
-        const uint8_t* panel = packed + p * panel_bytes;
-        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        const float* b = bias ? bias + n0 : nullptr;
-#ifdef PYSERVE_VEC
-        if (m1 - m0 > kMaxRows) {
-          panel_rows_chunked<Format>(x + m0 * K, m1 - m0, K, panel, out + m0 * N + n0, N, cols, b);
-          continue;
-        }
-#endif
-        // equal tiles of at most kMaxRows rows (16 as 8 + 8: a 4-row tile loads a weight
-        // vector for every 4 FMAs)
-        const int64_t tiles = (m1 - m0 + kMaxRows - 1) / kMaxRows;
-        for (int64_t t = 0, m = m0; t < tiles; ++t) {
-          const int rows = static_cast<int>((m1 - m) / (tiles - t));
-#ifdef PYSERVE_VEC
-          tile_rows<Format>(rows, std::make_integer_sequence<int, kMaxRows>{}, x + m * K, K, panel,
-                            K, out + m * N + n0, N, cols, b);
-#else
-          tile_plain<Format>(rows, x + m * K, K, panel, K, out + m * N + n0, N, cols, b);
-#endif
-          m += rows;
-        }
-      }
+      panels_rows<Format>(x + m0 * K, m1 - m0, K, packed, panel_bytes, p0, p1, N, out + m0 * N, N, bias);
     });
   }
 }
 
+// One expert's rows of a grouped linear: x rows [m0, m1) against weight `packed`.
+struct GroupedJob {
+  int64_t expert, m0, m1;
+};
+
+// Splits the jobs' (job, panel) pairs over the threads by cost (a panel's cost: its rows
+// plus what reading the panel costs, about kPanelCost rows' worth), each thread calling
+// run(job, p0, p1) for its runs of panels. One parallel region for every expert: at decode
+// (one row, eight experts) both cores share all the experts' panels.
+template <typename Run>
+void split_jobs(const std::vector<GroupedJob>& jobs, int64_t panels, Run&& run) {
+  constexpr int64_t kPanelCost = 4;
+  std::vector<int64_t> cost_before(jobs.size() + 1, 0);
+  for (size_t j = 0; j < jobs.size(); ++j)
+    cost_before[j + 1] = cost_before[j] + panels * (jobs[j].m1 - jobs[j].m0 + kPanelCost);
+  const int64_t total = cost_before.back();
+  if (total == 0) return;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), jobs.size() * panels));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      // this thread's share of the cost, [c0, c1), in whole panels
+      const int64_t c0 = total * t / threads, c1 = total * (t + 1) / threads;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const int64_t per_panel = jobs[j].m1 - jobs[j].m0 + kPanelCost;
+        // panel p of job j belongs to the thread whose share holds its first unit of cost
+        const int64_t lo = std::max<int64_t>(0, (c0 - cost_before[j] + per_panel - 1) / per_panel);
+        const int64_t hi = std::min<int64_t>(panels, std::max<int64_t>(0, (c1 - cost_before[j] + per_panel - 1) / per_panel));
+        if (lo < hi) run(jobs[j], lo, hi);
+      }
+    }
+  });
+}
+
+template <typename Format>
+void grouped_linear_impl(const float* x, const uint8_t* packed, int64_t expert_bytes,
+                         const std::vector<GroupedJob>& jobs, const float* bias, float* out,
+                         int64_t ldo, int64_t N, int64_t K) {
+  const int64_t panels = (N + kPanel - 1) / kPanel, panel_bytes = Format::panel_bytes(K);
+  split_jobs(jobs, panels, [&](const GroupedJob& job, int64_t p0, int64_t p1) {
+    panels_rows<Format>(x + job.m0 * K, job.m1 - job.m0, K, packed + job.expert * expert_bytes,
+                        panel_bytes, p0, p1, N, out + job.m0 * ldo, ldo, bias ? bias + job.expert * N : nullptr);
+  });
+}
+
+#ifdef PYSERVE_INT8_DOT
+template <typename Format>
+void grouped_int8_impl(const float* x, int64_t R, const uint8_t* packed, int64_t expert_bytes,
+                       const std::vector<GroupedJob>& jobs, const float* bias, float* out,
+                       int64_t ldo, int64_t N, int64_t K) {
+  const int64_t groups = K / kGroup, panels = (N + kPanel - 1) / kPanel;
+  const int64_t panel_bytes = Format::panel_bytes(K);
+  // every row quantized once, before the region (quantize_rows is a region of its own)
+  std::vector<int8_t> q(R * K);
+  std::vector<float> scale_sum(R * groups * 2);
+  quantize_rows(x, R, K, q.data(), scale_sum.data());
+  std::vector<int32_t> block_sums;
+  if constexpr (std::is_same_v<Format, Q6_KFormat>) {
+    block_sums.resize(R * K / 16);
+    block_sums_of(q.data(), R, K, block_sums.data());
+  }
+  constexpr int kRows = kInt8Rows<Format>;
+  split_jobs(jobs, panels, [&](const GroupedJob& job, int64_t p0, int64_t p1) {
+    const uint8_t* weight = packed + job.expert * expert_bytes;
+    const float* b = bias ? bias + job.expert * N : nullptr;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kPanel;
+      for (int64_t m = job.m0; m < job.m1; m += kRows)
+        tile_int8_rows<Format>(static_cast<int>(std::min<int64_t>(kRows, job.m1 - m)),
+                               std::make_integer_sequence<int, kRows>{}, q.data() + m * K,
+                               scale_sum.data() + m * groups * 2,
+                               block_sums.empty() ? nullptr : block_sums.data() + m * K / 16, K,
+                               weight + p * panel_bytes, out + m * ldo + n0, ldo,
+                               std::min(kPanel, N - n0), b ? b + n0 : nullptr);
+    }
+  });
+}
+#endif
 
 // A packed weight's format. GGUF block panels stored as int8 mark a layer whose activations
 // are quantized to int8 for integer dot products (pack_gguf_weight's int8_activations), for
@@ -1305,5 +1391,56 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
                                out.data_ptr<float>(), M, N, K);
   });
 }
+
+
+void grouped_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                    const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous(),
+              "grouped_linear: packed must be [E, panels, groups, bytes], packed weights stacked");
+  const Kind kind = kind_of(packed[0]);
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kFloat && x.is_contiguous() && out.stride(1) == 1,
+              "grouped_linear: x [R, K] contiguous and out [R, N] (rows may be strided) float32");
+  const int64_t E = packed.size(0), R = x.size(0), K = x.size(1), N = out.size(1);
+  TORCH_CHECK(packed_k(kind, packed[0]) == K, "grouped_linear: x has ", K, " columns, the weights ",
+              packed_k(kind, packed[0]));
+  TORCH_CHECK(out.size(0) == R && (N + kPanel - 1) / kPanel == packed.size(1),
+              "grouped_linear: out must be [R, N] with N within the packed weights' panels");
+  TORCH_CHECK(offsets.scalar_type() == at::kLong && offsets.dim() == 1 && offsets.numel() == E + 1 &&
+                  offsets.is_contiguous(), "grouped_linear: offsets must be int64 [E + 1]");
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  TORCH_CHECK(off[0] == 0 && off[E] == R, "grouped_linear: offsets must run from 0 to x's rows");
+  std::vector<GroupedJob> jobs;
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(off[e + 1] >= off[e], "grouped_linear: offsets must not decrease");
+    if (off[e + 1] > off[e]) jobs.push_back({e, off[e], off[e + 1]});
+  }
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 2 && bias->size(0) == E &&
+                    bias->size(1) == N && bias->is_contiguous(), "grouped_linear: bias must be float32 [E, N]");
+    b = bias->data_ptr<float>();
+  }
+  if (R == 0 || N == 0) return;
+  const auto* weight = static_cast<const uint8_t*>(packed.data_ptr());
+  const int64_t expert_bytes = packed[0].numel() * packed.element_size();
+  const int64_t ldo = out.stride(0);
+#ifdef PYSERVE_INT8_DOT
+  if (packed.scalar_type() == at::kChar) {
+    with_format(kind, [&]<typename Format>() {
+      if constexpr (kHasInt8Kernel<Format>)
+        grouped_int8_impl<Format>(x.data_ptr<float>(), R, weight, expert_bytes, jobs, b,
+                                  out.data_ptr<float>(), ldo, N, K);
+    });
+    return;
+  }
+#endif
+  with_format(kind, [&]<typename Format>() {
+    grouped_linear_impl<Format>(x.data_ptr<float>(), weight, expert_bytes, jobs, b, out.data_ptr<float>(),
+                                ldo, N, K);
+  });
+}
+
+int64_t packed_in_features(const at::Tensor& packed) { return packed_k(kind_of(packed), packed); }
 
 }  // namespace pyserve::cpu

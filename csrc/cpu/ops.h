@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace pyserve::cpu {
 
@@ -80,6 +81,29 @@ void packed_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packe
                    const c10::optional<at::Tensor>& bias);
 at::Tensor unpack_linear_weight(const at::Tensor& packed, int64_t N);
 at::Tensor packed_rows(const at::Tensor& packed, const at::Tensor& ids);
+int64_t packed_in_features(const at::Tensor& packed);  // K of a packed weight
+
+// Grouped linear layers (a mixture of experts' projections): for each expert e, rows
+// offsets[e] .. offsets[e + 1] of out[R, N] = those rows of x[R, K] · W_eᵀ (+ bias[e]), W_e =
+// packed[e], a stack [E, ...] of packed weights of one format and shape (pack_linear_weight's
+// or pack_gguf_weight's, int8 activations included). Every expert's panels are shared out
+// over the threads in one parallel region, by rows; each row's result is bitwise what
+// packed_linear gives it. out's rows may be strided (a column slice of a wider tensor).
+void grouped_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                    const at::Tensor& offsets, const c10::optional<at::Tensor>& bias);
+
+// The experts of a mixture-of-experts block (cpu/moe.cpp): out[T, H] = Σ over each token's k
+// choices, in ascending expert order, of topk_weights · down_e(act(gate_e(x), up_e(x))).
+// gate_up: one stack of packed [2I, H] weights (gate rows, then up rows) or two stacks of
+// [I, H] (gate, up: when their GGUF types differ); down: a stack of packed [H, I]. Biases,
+// where the model has them: gate_up_bias [E, 2I], down_bias [E, H]. activation: silu
+// (silu(gate) · up) or swigluoai (gpt-oss: gate clamped above at limit, up within ±limit,
+// (up + 1) · gate · sigmoid(alpha · gate)).
+void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& topk_ids,
+               const at::Tensor& topk_weights, const std::vector<at::Tensor>& gate_up,
+               const at::Tensor& down, const c10::optional<at::Tensor>& gate_up_bias,
+               const c10::optional<at::Tensor>& down_bias, const std::string& activation,
+               double alpha, double limit);
 
 // Bidirectional attention over an encoder's packed batch (csrc/cpu/encoder_attention.cpp):
 // out[T, H, D] = softmax(q kᵀ · scale) v within each sequence of qkv [T, 3, H, D] (rows

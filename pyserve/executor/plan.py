@@ -326,7 +326,7 @@ def resolve_draft(plan: EnginePlan) -> ShardSpec | None:
                              "is not supported on CUDA")
     gguf_kept = source.gguf_path is not None and target.device == "cpu" and target.dtype == torch.float32
     return dataclasses.replace(
-        target, arch=arch, path=source.path, gguf_path=source.gguf_path if gguf_kept else None,
+        target, arch=arch, path=source.path, gguf_path=source.gguf_path,
         tensor_parallel_size=1, pipeline_parallel_size=1, cuda_graph_sizes=(), encoder=False,
         int8_activations=target.int8_activations and gguf_kept)
 

@@ -41,7 +41,7 @@ class ShardSpec:
     num_blocks: int
     tensor_parallel_size: int
     weight_dtype: torch.dtype | None = None  # narrower than dtype: bfloat16 weights on the CPU
-    gguf_path: Path | None = None  # the GGUF path was converted from: its quantized weights
+    gguf_path: Path | None = None  # a GGUF model's file: its weights, read in place
     # CUDA: num_blocks None -> measured (kv/memory.py) with these; graphs of these decode sizes
     gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int = 2048

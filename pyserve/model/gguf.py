@@ -1,28 +1,40 @@
-"""GGUF file -> Hugging Face model directory (config.json, model.safetensors, tokenizer,
-chat template, generation_config.json).
+"""GGUF files, read in place.
 
-Quantized tensors are dequantized to float32 with the gguf package's own dequantizers, and
-the q/k rows that llama.cpp permutes for its rotary layout are put back in Hugging Face order,
-so the directory holds the same numbers transformers computes when it loads the GGUF itself.
-Conversion writes into a temporary directory and renames it into place when complete.
+- gguf_metadata_dir: the file's config.json, tokenizer, chat template and
+  generation_config.json in a small Hugging Face style directory (no weights), made once;
+- gguf_weights: the file's tensors under Hugging Face names, read from the file itself
+  (mmap): the linear, embedding and expert weights the CPU kernels take in their own GGUF
+  types, as raw blocks; the rest (norms, small vectors, other types, and every tensor where
+  the kernels do not run: CUDA, other dtypes) widened to float32 one tensor at a time with
+  the gguf package's own dequantizers. The q/k rows that llama.cpp permutes for its rotary
+  layout are put back in Hugging Face order, so the numbers are those transformers computes
+  when it loads the GGUF itself;
+- convert_gguf: the whole file as a float32 Hugging Face directory (model.safetensors), the
+  reference checkpoint the tests and benchmarks compare the in-place weights with.
+
+Each family's GGUF names and keys live here beside the rest (llama, mistral, qwen2, qwen3,
+gemma2, gemma3; the mixtures of experts qwen2moe, qwen3moe, olmoe and Mixtral's llama with
+experts).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from pyserve.arith import cdiv
 from pyserve.errors import ModelLoadError
 
 logger = logging.getLogger("pyserve")
-# what a converted directory was made by: a change that alters its contents (rope_freqs read
-# into the rope scaling: 2) makes earlier conversions stale
-CONVERSION = 2
+# what a GGUF's metadata directory was made by: a change that alters its contents (rope_freqs
+# read into the rope scaling: 2; no weights, the MoE keys: 3) makes earlier ones stale
+CONVERSION = 3
 
 # GGUF architecture -> (HF architecture, HF model_type)
 _ARCHITECTURES = {
@@ -32,7 +44,13 @@ _ARCHITECTURES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "gemma2": ("Gemma2ForCausalLM", "gemma2"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "olmoe": ("OlmoeForCausalLM", "olmoe"),
 }
+# llama.cpp's graph for each MoE architecture renormalises the top-k weights (qwen3moe and
+# Mixtral's llama) or not (qwen2moe, olmoe), whatever the original config said
+_NORM_TOPK = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False}
 _GEMMA = ("gemma2", "gemma3")
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
@@ -46,6 +64,16 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixtures of experts: the router, the stacked experts (layers/moe.py's names for a
+    # whole [E, rows, cols] tensor) and Qwen2-MoE's shared expert
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 # Gemma's four norms per layer: its ffn_norm is the pre-feed-forward norm, and the norm that
 # follows attention has a name of its own
@@ -77,8 +105,14 @@ def _hf_name(gguf_name: str, gguf_arch: str | None = None) -> str | None:
     table = _GEMMA_LAYER_TENSORS if gguf_arch in _GEMMA else _LAYER_TENSORS
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in table:
-        return f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
-    return None  # e.g. rope_freqs: read into the config's rope scaling
+        name = f"model.layers.{parts[1]}.{table[parts[2]]}"
+        # a stacked expert tensor has no parameter of its own: the MoE model's loader takes it
+        return name if parts[2].endswith("_exps") else f"{name}.{parts[3]}"
+    return None
+
+
+# tensors whose meaning is read elsewhere: rope_freqs into the config's rope scaling
+_READ_INTO_CONFIG = {"rope_freqs.weight"}
 
 
 def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -121,8 +155,10 @@ def _config(reader) -> tuple[dict, str]:
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
-    if gguf_arch == "qwen2":
+    if gguf_arch in ("qwen2", "qwen2moe"):
         cfg["attention_bias"] = True
+    if int(get("expert_count", 0) or 0) > 0:
+        cfg.update(_moe_config(reader, gguf_arch, cfg))
     factor = get("rope.scaling.factor")
     if gguf_arch in _GEMMA:
         cfg.update(_gemma_config(reader, gguf_arch, cfg))
@@ -147,6 +183,43 @@ def _config(reader) -> tuple[dict, str]:
         if freqs is not None:
             cfg["rope_scaling"] = _scaling_from_rope_freqs(freqs.data, cfg["head_dim"], cfg["rope_theta"])
     return cfg, gguf_arch
+
+
+def _moe_config(reader, gguf_arch: str, cfg: dict) -> dict:
+    """A mixture of experts' keys (models/moe.py reads them). llama.cpp's layers without a
+    router (ffn_gate_inp) are dense; its graphs fix whether the top-k weights are
+    renormalised (_NORM_TOPK)."""
+    def get(key, default=None):
+        return _field(reader, f"{gguf_arch}.{key}", default)
+
+    if gguf_arch not in _NORM_TOPK:
+        raise ModelLoadError(f"GGUF architecture '{gguf_arch}' with experts is not supported")
+    names = {t.name for t in reader.tensors}
+    per_expert = sorted(n for n in names if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", n))
+    if per_expert:
+        raise ModelLoadError(
+            f"this GGUF stores each expert as a tensor of its own ({per_expert[0]}, an early "
+            "llama.cpp layout); pyserve reads the merged ffn_*_exps tensors: convert it again "
+            "with a current llama.cpp")
+    experts = int(get("expert_count"))
+    expert_size = int(get("expert_feed_forward_length", 0) or cfg["intermediate_size"])
+    moe = {"num_experts": experts, "num_local_experts": experts,
+           "num_experts_per_tok": int(get("expert_used_count")),
+           "norm_topk_prob": _NORM_TOPK[gguf_arch]}
+    if gguf_arch == "llama":
+        moe.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   intermediate_size=expert_size)
+        return moe
+    if gguf_arch == "olmoe":
+        moe["intermediate_size"] = expert_size
+        return moe
+    moe["moe_intermediate_size"] = expert_size
+    moe["decoder_sparse_step"] = 1
+    moe["mlp_only_layers"] = [i for i in range(cfg["num_hidden_layers"])
+                              if f"blk.{i}.ffn_gate_inp.weight" not in names]
+    if gguf_arch == "qwen2moe":
+        moe["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+    return moe
 
 
 def _scaling_from_rope_freqs(data, head_dim: int, theta: float) -> dict | None:
@@ -228,34 +301,15 @@ def _end_of_turn_ids(reader, gguf_arch: str) -> list[int]:
     return []
 
 
-def _weights(reader, cfg: dict, gguf_arch: str) -> dict:
-    # numpy (with gguf) only when a GGUF is read: the CUDA check machine may lack it
-    import numpy as np
-    import torch
-    from gguf.quants import dequantize
-
-    tensors = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name, gguf_arch)
-        if name is None:
-            continue
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        array = dequantize(tensor.data, tensor.tensor_type).reshape(shape).astype(np.float32)
-        if gguf_arch in _GEMMA and name.endswith("norm.weight"):
-            array = array - 1  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
-        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = cfg["num_attention_heads"] if "q_proj" in name else cfg["num_key_value_heads"]
-            array = _unpermute_rotary(array, heads)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(array))
-    return tensors
-
-
 def _merged_groups(num_layers: int) -> list[list[str]]:
     """Checkpoint tensors that share one of our parameters: all kept quantized, or none."""
     groups = []
     for i in range(num_layers):
         groups.append([f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv"])
         groups.append([f"model.layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up")])
+        groups.append([f"model.layers.{i}.mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up")])
+        # the experts' gate and up halves are packed together: both blocks, or both float32
+        groups.append([f"model.layers.{i}.mlp.experts.{p}_proj" for p in ("gate", "up")])
     return groups
 
 
@@ -322,84 +376,177 @@ def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[in
     return meta.get("general.architecture"), [(n, t, d, start + o) for n, t, d, o in infos]
 
 
-def gguf_blocks(gguf_path: str | Path, arch, tp_size: int = 1) -> dict:
-    """HF name -> GGUFBlocks for the GGUF's tensors the CPU kernel reads quantized (Q4_0, Q4_1,
-    Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): linear and embedding weights whose merged parameter is all
-    one such type and whose shards split inputs on whole blocks. Everything else loads from the
-    converted float32 checkpoint. Logs how many tensors stay in which type."""
+def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: bool = True,
+                 stage=None) -> Iterator[tuple[str, object]]:
+    """(Hugging Face name, tensor) for every tensor of the file, read in place (see the
+    module's docstring). keep_quantized (the CPU kernels run: CPU, float32 activations): the
+    linear, embedding and expert weights in the types the kernels read (Q4_0, Q4_1, Q5_0,
+    Q8_0, Q4_K, Q5_K, Q6_K) come as GGUFBlocks / GGUFExperts views of the file, where a merged
+    parameter's parts all have such types and a rank's shard splits inputs on whole blocks;
+    everything else comes as float32, one tensor at a time. stage: a pipeline stage's layers
+    only. Logs how many tensors stay in which type. A tensor pyserve has no place for is a
+    ModelLoadError naming it: none is dropped unread."""
     import numpy as np
     import torch
 
-    from pyserve.model.layers.quantized import BLOCK_BYTES, BLOCK_WEIGHTS, GGUFBlocks
+    from pyserve.model.layers.quantized import BLOCK_BYTES, BLOCK_WEIGHTS, GGUFBlocks, GGUFExperts
+    from pyserve.model.loader import stage_reads
 
     gguf_arch, index = _tensor_index(Path(gguf_path))
+    unknown = [n for n, *_ in index if _hf_name(n, gguf_arch) is None and n not in _READ_INTO_CONFIG]
+    if unknown:
+        raise ModelLoadError(f"GGUF '{gguf_path}' holds tensors pyserve has no place for: "
+                             + ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else ""))
     # copy-on-write: a writable view of the file that the loaders copy from without a first
     # copy of their own (nothing writes to it)
     data = np.memmap(gguf_path, dtype=np.uint8, mode="c")
-    found, file_types = {}, {}
-    for tensor_name, ggml_type, dims, offset in index:
-        name = _hf_name(tensor_name)
-        if name is None:
-            continue
-        file_types[name] = ggml_type
-        if ggml_type not in _QUANT_TYPES or len(dims) != 2 or dims[0] % BLOCK_WEIGHTS[_QUANT_TYPES[ggml_type]]:
-            continue
-        type_, (cols, rows) = _QUANT_TYPES[ggml_type], dims
-        row_bytes = cols // BLOCK_WEIGHTS[type_] * BLOCK_BYTES[type_]
-        blocks = data[offset: offset + rows * row_bytes].reshape(rows, row_bytes)
-        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            blocks = _unpermute_rotary(blocks, arch.num_heads if "q_proj" in name else arch.num_kv_heads)
-        found[name] = (type_, blocks, (rows, cols))
+    gemma = gguf_arch in _GEMMA
+    row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.", ".shared_expert.down_proj.")
+
+    def quantizable(name: str, ggml_type: int, dims: tuple[int, ...]) -> bool:
+        if not keep_quantized or ggml_type not in _QUANT_TYPES:
+            return False
+        block = BLOCK_WEIGHTS[_QUANT_TYPES[ggml_type]]
+        expert = name.endswith("_proj") and ".experts." in name
+        if len(dims) != (3 if expert else 2) or dims[0] % block:
+            return False
+        split_inputs = name.endswith("experts.down_proj") or any(p in name for p in row_parallel)
+        return not split_inputs or (dims[0] % tp_size == 0 and (dims[0] // tp_size) % block == 0)
+
+    kept = {hf: quantizable(hf, t, d) for hf, t, d in
+            ((_hf_name(n, gguf_arch), t, d) for n, t, d, _ in index) if hf is not None}
     for group in _merged_groups(arch.num_layers):
-        # a merged parameter stays quantized when every part does (each in its own type,
-        # layers/quantized.py GGUFParts), else it is all float32
-        if not all(n in found for n in group):
+        if not all(kept.get(n, True) for n in group):
             for n in group:
-                found.pop(n, None)
-    row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.")
-    out = {}
-    for name, (type_, blocks, shape) in found.items():
-        block = BLOCK_WEIGHTS[type_]
-        if any(p in name for p in row_parallel) and (shape[1] % tp_size or (shape[1] // tp_size) % block):
+                if n in kept:
+                    kept[n] = False
+
+    types_kept, types_widened = Counter(), Counter()
+    for tensor_name, ggml_type, dims, offset in index:
+        name = _hf_name(tensor_name, gguf_arch)
+        if name is None or (stage is not None and not stage_reads(name, stage)):
             continue
-        out[name] = GGUFBlocks(type_, torch.from_numpy(np.ascontiguousarray(blocks)), shape)
-    _log_kept_types(out, file_types)
+        shape = tuple(int(d) for d in reversed(dims))
+        heads = None
+        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = arch.num_heads if "q_proj" in name else arch.num_kv_heads
+        if kept[name]:
+            type_ = _QUANT_TYPES[ggml_type]
+            row_bytes = shape[-1] // BLOCK_WEIGHTS[type_] * BLOCK_BYTES[type_]
+            rows = int(np.prod(shape[:-1]))
+            blocks = data[offset: offset + rows * row_bytes].reshape(*shape[:-1], row_bytes)
+            if heads is not None:
+                blocks = np.ascontiguousarray(_unpermute_rotary(blocks, heads))
+            types_kept[type_] += 1
+            if len(shape) == 3:
+                yield name, GGUFExperts(type_, torch.from_numpy(blocks), shape)
+            else:
+                yield name, GGUFBlocks(type_, torch.from_numpy(blocks), shape)
+            continue
+        types_widened[_type_name(ggml_type)] += 1
+        yield name, _widened(data, ggml_type, shape, offset, name, gemma, heads)
+    logger.info("GGUF tensors kept quantized: %s; loaded as float32: %s",
+                _counts(types_kept), _counts(types_widened))
+
+
+def _widened(data, ggml_type: int, shape: tuple[int, ...], offset: int, name: str, gemma: bool,
+             heads: int | None):
+    """One tensor of the file as float32, dequantized by the gguf package."""
+    import numpy as np
+    import torch
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(ggml_type)
+    block, size = GGML_QUANT_SIZES[qtype]
+    nbytes = int(np.prod(shape)) // block * size
+    raw = data[offset: offset + nbytes]
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+        raw = raw.view({GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+                        GGMLQuantizationType.BF16: np.uint16}[qtype])
+        if qtype == GGMLQuantizationType.BF16:
+            array = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            array = raw.astype(np.float32)
+    else:
+        row_bytes = shape[-1] // block * size
+        array = dequantize(raw.reshape(-1, row_bytes), qtype).astype(np.float32)
+    array = array.reshape(shape)
+    if gemma and name.endswith("norm.weight"):
+        array = array - 1  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
+    if name.endswith("shared_expert_gate.weight"):
+        array = array.reshape(1, -1)  # llama.cpp keeps Qwen2-MoE's [1, H] gate as a vector
+    if heads is not None:
+        array = _unpermute_rotary(array, heads)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
+def _counts(tally: Counter) -> str:
+    return ", ".join(f"{t} {n}" for t, n in sorted(tally.items())) or "none"
+
+
+def _transformers_names(tensors: dict) -> dict:
+    """Stacked experts as transformers 5 holds them: gate_up_proj [E, 2I, H], down_proj."""
+    import torch
+
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("mlp.experts.gate_proj"):
+            prefix = name[: -len("gate_proj")]
+            out[prefix + "gate_up_proj"] = torch.cat([tensor, tensors[prefix + "up_proj"]], dim=1)
+        elif not name.endswith("mlp.experts.up_proj"):
+            out[name] = tensor
     return out
 
 
-def _log_kept_types(kept: dict, file_types: dict[str, int]) -> None:
-    from gguf import GGMLQuantizationType
-
-    def counts(types) -> str:
-        tally = Counter(types)
-        return ", ".join(f"{t} {n}" for t, n in sorted(tally.items())) or "none"
-
-    names = {t.value: t.name for t in GGMLQuantizationType}
-    widened = [names.get(t, f"type {t}") for n, t in file_types.items() if n not in kept]
-    logger.info("GGUF tensors kept quantized: %s; loaded as float32: %s",
-                counts(b.type for b in kept.values()), counts(widened))
+def gguf_metadata_dir(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """The file's config.json, generation_config.json and tokenizer (with its chat template)
+    in out_dir: what a model directory holds besides its weights, which stay in the file."""
+    return _write_dir(Path(gguf_path), Path(out_dir), with_weights=False)
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Converts gguf_path into the model directory out_dir (replacing nothing that exists)."""
+    """gguf_path as a float32 Hugging Face directory out_dir: the metadata of
+    gguf_metadata_dir and every tensor dequantized into model.safetensors (the reference
+    checkpoint for tests and benchmarks; serving reads the file in place)."""
+    return _write_dir(Path(gguf_path), Path(out_dir), with_weights=True)
+
+
+def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
+    """Writes into a temporary directory and renames it into place when complete."""
     from gguf import GGUFReader
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    from pyserve.model.arch import ModelArch
+
     try:
         reader = GGUFReader(gguf_path)
     except Exception as exc:  # the gguf package raises bare ValueErrors and friends
         raise ModelLoadError(f"'{gguf_path}' is not a readable GGUF file: {exc}") from None
     cfg, gguf_arch = _config(reader)
+    del reader  # its memory map; gguf_weights maps the file again
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        save_file(_weights(reader, cfg, gguf_arch), tmp / "model.safetensors",
-                  metadata={"format": "pt"})
+        if with_weights:
+            arch = ModelArch.from_hf_config(cfg)
+            tensors = _transformers_names(dict(gguf_weights(gguf_path, arch, keep_quantized=False)))
+            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        reader = GGUFReader(gguf_path)
         generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg[k] is not None}
         end_of_turn = _end_of_turn_ids(reader, gguf_arch)
+        del reader
         if end_of_turn and cfg["eos_token_id"] is not None:
             generation["eos_token_id"] = [cfg["eos_token_id"], *end_of_turn]
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))

@@ -69,6 +69,9 @@ def pack_weights(model: torch.nn.Module, int8_activations: bool = False,
                 linear = not isinstance(module, VocabParallelEmbedding)
                 pack_for_cpu(module, int8_activations, bf16_gemm if linear else None,
                              bf16x3 and linear)
+    for module in model.modules():  # a mixture of experts' experts: one stack per projection
+        if hasattr(module, "pack_experts"):
+            module.pack_experts(int8_activations)
     for module in model.modules():
         if hasattr(module, "make_native"):
             module.make_native()
@@ -152,17 +155,13 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
                stage: PipelineStage = WHOLE_MODEL,
                bf16_gemm: BF16GemmRows | None = None, bf16x3: bool = False) -> torch.nn.Module:
     """stage: the pipeline stage this process runs (its layers only).
-    gguf_path: the GGUF file path was converted from; on the CPU (float32 activations) its
-    Q4_1 / Q8_0 weights are kept as they are, read by the kernel without widening in memory.
-    int8_activations: its Q4_1 / Q8_0 layers quantize their input to int8 for integer dot products.
+    gguf_path: a GGUF model's file (path holds its metadata): its tensors are read from it in
+    place, and on the CPU (float32 activations) its quantized weights stay as they are, read by
+    the kernels without widening in memory (model/gguf.py).
+    int8_activations: its quantized layers quantize their input to int8 for integer dot products.
     bf16_gemm: steps of many rows run the linear layers as bfloat16 GEMMs (pack_weights).
     bf16x3: the linear layers run as bfloat16x3 GEMMs on AMX (an encoder's; pack_weights)."""
-    quantized = {}
-    if gguf_path is not None and load_format != "dummy" and device.type == "cpu" and dtype == torch.float32:
-        from pyserve.model.gguf import gguf_blocks
-
-        quantized = gguf_blocks(gguf_path, arch, tp.size)
-    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, quantized, stage)
+    model = _load(arch, path, load_format, dtype, device, max_positions, seed, tp, gguf_path, stage)
     for module in model.modules():  # what a layer derives from its weights, once
         if hasattr(module, "weights_loaded"):
             module.weights_loaded()
@@ -174,7 +173,7 @@ def load_model(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype
 
 
 def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, device: torch.device,
-          max_positions: int, seed: int, tp: TPGroup, quantized: dict,
+          max_positions: int, seed: int, tp: TPGroup, gguf_path: Path | None,
           stage: PipelineStage) -> torch.nn.Module:
     cls = model_class(arch.architecture)
     with torch.device(device):
@@ -187,10 +186,16 @@ def _load(arch: ModelArch, path: Path, load_format: str, dtype: torch.dtype, dev
     if load_format == "dummy":
         _fill_random(model, seed)
         return model.eval()
-    files = safetensors_files(path)
-    if not files:
-        raise ModelLoadError(f"no safetensors weights in '{path}'")
-    weights = ((name, quantized.get(name, tensor)) for name, tensor in iterate_safetensors(files, stage))
+    if gguf_path is not None:
+        from pyserve.model.gguf import gguf_weights
+
+        keep_quantized = device.type == "cpu" and dtype == torch.float32
+        weights = gguf_weights(gguf_path, arch, tp.size, keep_quantized, stage)
+    else:
+        files = safetensors_files(path)
+        if not files:
+            raise ModelLoadError(f"no safetensors weights in '{path}'")
+        weights = iterate_safetensors(files, stage)
     loaded = model.load_weights(weights)
     missing = [n for n, _ in model.named_parameters() if n not in loaded]
     if missing:

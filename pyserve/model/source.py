@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pyserve.config import ModelConfig
 from pyserve.model.arch import ModelArch
-from pyserve.model.default_model import DEFAULT_MODEL_NAME, default_gguf_path, ensure_default_model
+from pyserve.model.default_model import DEFAULT_MODEL_NAME, fetch_default_gguf
 from pyserve.errors import ModelLoadError
-from pyserve.model.gguf import CONVERSION, convert_gguf
+from pyserve.model.gguf import CONVERSION, gguf_metadata_dir
 from pyserve.model.registry import model_class
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -21,22 +21,24 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 @dataclass(frozen=True)
 class ModelSource:
-    path: Path  # a Hugging Face style model directory
+    path: Path  # a Hugging Face style model directory (for a GGUF: its metadata, no weights)
     tokenizer_path: Path
     arch: ModelArch
     hf_config: dict
     name: str  # the name the API reports
-    gguf_path: Path | None = None  # when --model is a .gguf: the file path was converted from
+    gguf_path: Path | None = None  # a GGUF model: the file its weights are read from, in place
 
 
-def _converted_gguf(gguf: Path, download_dir: str) -> Path:
+def _gguf_metadata(gguf: Path, download_dir: str) -> Path:
+    """The GGUF's config and tokenizer directory, made once per file (its weights stay in
+    the file)."""
     stat = gguf.stat()
     made_from = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
     key = hashlib.sha256(made_from.encode()).hexdigest()
     out = Path(download_dir) / "converted" / f"{gguf.stem}-{key[:12]}"
     if (out / "config.json").exists():
         return out
-    return convert_gguf(gguf, out)
+    return gguf_metadata_dir(gguf, out)
 
 
 def _read_config(path: Path) -> dict:
@@ -56,11 +58,9 @@ def _read_config(path: Path) -> dict:
 def resolve_model(cfg: ModelConfig) -> ModelSource:
     gguf_path = None
     if cfg.model is None:
-        path, default_name = ensure_default_model(cfg.download_dir), DEFAULT_MODEL_NAME
-        # the default model is a GGUF: serve its own quantized weights, which compute exactly
-        # what the converted float32 directory computes, from a sixth of the bytes
-        shipped = default_gguf_path(cfg.download_dir)
-        gguf_path = shipped if shipped.exists() else None
+        # the default model is a GGUF: its own quantized weights, read in place
+        gguf_path = fetch_default_gguf(cfg.download_dir)
+        path, default_name = _gguf_metadata(gguf_path, cfg.download_dir), DEFAULT_MODEL_NAME
     else:
         given = Path(cfg.model).expanduser()
         if not given.exists():
@@ -69,7 +69,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
             if given.suffix != ".gguf":
                 raise ModelLoadError(f"'{given}' is a file but not a .gguf; pass a model "
                                      "directory or a .gguf file")
-            path, gguf_path = _converted_gguf(given, cfg.download_dir), given
+            path, gguf_path = _gguf_metadata(given, cfg.download_dir), given
         else:
             path = given
         default_name = str(cfg.model)
@@ -78,7 +78,7 @@ def resolve_model(cfg: ModelConfig) -> ModelSource:
     arch = ModelArch.from_hf_config(hf_config)
     model_class(arch.architecture)  # refuses unsupported architectures, listing ours
 
-    if cfg.load_format != "dummy" and not any(path.glob("*.safetensors")):
+    if gguf_path is None and cfg.load_format != "dummy" and not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"'{path}' holds no *.safetensors weights "
                              "(use --load-format dummy for random weights)")
     tokenizer_path = Path(cfg.tokenizer).expanduser() if cfg.tokenizer else path

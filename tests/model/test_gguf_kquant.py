@@ -112,6 +112,8 @@ def test_q5_0_gguf_computes_bitwise_as_its_float32_conversion(tmp_path):
     those of the converted float32 checkpoint (gguf's dequantization), decode and prefill."""
     from make_tiny_gguf import make_tiny_gguf
 
+    from pyserve.model.gguf import convert_gguf
+
     path = make_tiny_gguf(tmp_path / "tiny-q5_0.gguf", "Q5_0")
     params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, prompt_logprobs=2, ignore_eos=True)
     quantized = LLM(str(path), download_dir=str(tmp_path))
@@ -120,8 +122,8 @@ def test_q5_0_gguf_computes_bitwise_as_its_float32_conversion(tmp_path):
     assert _type_of(model.model.embed_tokens) == "Q5_0" and _type_of(model.lm_head) == "Q5_0"
     ours = quantized.generate(PROMPTS, params)
     del quantized, model
-    (converted,) = tmp_path.glob("converted/*/model.safetensors")
-    reference = LLM(str(converted.parent)).generate(PROMPTS, params)
+    converted = convert_gguf(path, tmp_path / "float32")
+    reference = LLM(str(converted)).generate(PROMPTS, params)
     for a, b in zip(ours, reference):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == b.outputs[0].logprobs

@@ -18,6 +18,17 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q5_
 BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 
 
+def _input_bytes(type_: str, blocks: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """The bytes of inputs start .. start + length of every row (the last dimension), which
+    must fall on whole blocks."""
+    block = BLOCK_WEIGHTS[type_]
+    if start % block or length % block:
+        raise ModelLoadError(f"a {type_} tensor splits its inputs only on multiples of "
+                             f"{block}, not at {start} + {length}")
+    size = BLOCK_BYTES[type_]
+    return blocks.narrow(-1, start // block * size, length // block * size)
+
+
 @dataclass
 class GGUFBlocks:
     """A checkpoint tensor [rows, cols] as raw GGUF blocks [rows, cols / 32 * block bytes]."""
@@ -29,18 +40,33 @@ class GGUFBlocks:
     def narrow(self, dim: int, start: int, length: int) -> GGUFBlocks:
         if dim == 0:
             return GGUFBlocks(self.type, self.blocks.narrow(0, start, length), (length, self.shape[1]))
-        block = BLOCK_WEIGHTS[self.type]
-        if start % block or length % block:
-            raise ModelLoadError(f"a {self.type} tensor splits its inputs only on multiples of "
-                                 f"{block}, not at {start} + {length}")
-        size = BLOCK_BYTES[self.type]
-        return GGUFBlocks(self.type, self.blocks.narrow(1, start // block * size, length // block * size),
+        return GGUFBlocks(self.type, _input_bytes(self.type, self.blocks, start, length),
                           (self.shape[0], length))
 
     def __getitem__(self, index) -> GGUFBlocks:
         if index is not Ellipsis:
             raise TypeError("GGUFBlocks reads whole tensors ([...]) or narrow() slices")
         return self
+
+
+@dataclass
+class GGUFExperts:
+    """A GGUF file's stacked expert tensor (llama.cpp's ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps) as raw blocks [E, rows, cols / block weights * block bytes]."""
+
+    type: str
+    blocks: torch.Tensor  # uint8
+    shape: tuple[int, int, int]  # (E, rows, cols)
+
+    def narrow(self, dim: int, start: int, length: int) -> GGUFExperts:
+        """Each expert's rows (dim 1) or inputs (dim 2: on whole blocks) of a rank's share."""
+        if dim == 1:
+            return GGUFExperts(self.type, self.blocks.narrow(1, start, length),
+                               (self.shape[0], length, self.shape[2]))
+        if dim != 2:
+            raise ValueError("GGUFExperts narrows rows (1) or inputs (2)")
+        return GGUFExperts(self.type, _input_bytes(self.type, self.blocks, start, length),
+                           (self.shape[0], self.shape[1], length))
 
 
 @dataclass

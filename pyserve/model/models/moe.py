@@ -2,14 +2,14 @@
 a gated shared expert), Mixtral and OLMoE (q and k normalised over the whole projection). Each MoE layer's MLP is layers/moe.py's SparseMoe; layers
 the config keeps dense (mlp_only_layers, decoder_sparse_step) keep the Llama MLP.
 
-Their config reading lives here (moe_spec). Checkpoints name each expert's weights apart
-(experts.{e}.gate_proj / up_proj / down_proj, Mixtral's block_sparse_moe.experts.{e}.w1 / w3
-/ w2) or, as transformers 5 holds them, stacked (experts.gate_up_proj, experts.down_proj);
-both load.
+Their config reading lives here (moe_spec; a GGUF's keys are read by model/gguf.py).
+Checkpoints name each expert's weights apart (experts.{e}.gate_proj / up_proj / down_proj,
+Mixtral's block_sparse_moe.experts.{e}.w1 / w3 / w2), stacked as transformers 5 holds them
+(experts.gate_up_proj, experts.down_proj) or stacked per projection as a GGUF holds them
+(experts.gate_proj / up_proj / down_proj, kept in the file's quantized blocks); all load.
 
-On the CPU an MoE layer runs in Python over the packed kernels of its attention, expert by
-expert in float32 (torch's GEMMs): exact, not yet fast (issue 56's fused native path is the
-next step). Tensor parallelism splits each expert's intermediate size across the ranks
+On the CPU the experts run as one native call over their packed weights (layers/moe.py's
+pack_experts and fused_moe). Tensor parallelism splits each expert's intermediate size across the ranks
 (vLLM's default), pipeline parallelism splits the layers as for any decoder."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
+from pyserve.model.layers.quantized import GGUFExperts
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.models.llama import (LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel,
                                         ProjectionNormedAttention)
@@ -35,6 +36,9 @@ _EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.
                      r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
 _PART = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
 _STACKED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+# a GGUF's stacked experts, one projection each (model/gguf.py): [E, I, H] gate and up,
+# [E, H, I] down, as float32 tensors or the file's blocks
+_GGUF_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_proj|up_proj|down_proj)")
 
 
 def _num_experts(cfg: dict, default: int) -> int:
@@ -121,6 +125,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         Mixtral's block_sparse_moe named mlp."""
         params = dict(self.named_parameters())
         filled: dict[str, int] = {}  # stacked parameter -> expert parts copied into it
+        projections: dict[int, set[str]] = {}  # layer -> a GGUF's stacked projections read
         loaded: set[str] = set()
 
         def rest():
@@ -140,6 +145,13 @@ class MoeForCausalLM(LlamaForCausalLM):
                         param.data[e, part * n:(part + 1) * n].copy_(tensor.narrow(0, self.tp.rank * n, n))
                     filled[target] = filled.get(target, 0) + 1
                     continue
+                gguf = _GGUF_EXPERTS.fullmatch(name)
+                if gguf is not None:
+                    layer = int(gguf[1])
+                    if f"model.layers.{layer}.mlp.experts.down_proj" in params:
+                        self._load_gguf_experts(layer, gguf[2], tensor, params)
+                        projections.setdefault(layer, set()).add(gguf[2])
+                    continue
                 stacked = _STACKED_EXPERTS.fullmatch(name)
                 if stacked is not None and name in params:
                     self._load_stacked(params[name], tensor, stacked[2])
@@ -152,7 +164,35 @@ class MoeForCausalLM(LlamaForCausalLM):
             param = params[target]
             if parts == param.shape[0] * (1 if target.endswith("down_proj") else 2):
                 loaded.add(target)
+        for layer, read in projections.items():
+            experts = f"model.layers.{layer}.mlp.experts."
+            if {"gate_proj", "up_proj"} <= read:
+                loaded.add(experts + "gate_up_proj")
+            if "down_proj" in read:
+                loaded.add(experts + "down_proj")
         return loaded
+
+    def _load_gguf_experts(self, layer: int, projection: str, tensor, params: dict) -> None:
+        """A GGUF's stacked experts of one projection: this rank's rows of gate and up (into
+        their half of gate_up_proj), its inputs of down; the file's blocks are kept for
+        pack_experts (layers/moe.py), float32 tensors copied into the parameters."""
+        moe = self.model.layers[layer].mlp
+        rank, n = self.tp.rank, moe.expert_size
+        if projection == "down_proj":
+            param = params[f"model.layers.{layer}.mlp.experts.down_proj"]
+            share = tensor.narrow(2, rank * n, n)
+        else:
+            param = params[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
+            share = tensor.narrow(1, rank * n, n)
+        if isinstance(share, GGUFExperts):
+            moe.expert_blocks[projection.removesuffix("_proj")] = share
+            if param.numel():  # the float parameter is never filled: no memory for it
+                param.data = param.data.new_empty(0)
+        elif projection == "down_proj":
+            param.data.copy_(share)
+        else:
+            half = 0 if projection == "gate_proj" else 1
+            param.data[:, half * n:(half + 1) * n].copy_(share)
 
     def _load_stacked(self, param: torch.nn.Parameter, tensor, which: str) -> None:
         """transformers 5's stacked experts: gate_up_proj [E, 2I, H] (this rank's rows of
