@@ -75,14 +75,36 @@ def model_params(model_dir: Path) -> tuple[int, int]:
     return params, size
 
 
+def gguf_params(path: Path) -> tuple[int, int]:
+    """(parameters a decode token uses, bytes it reads) of a GGUF file: a mixture of experts'
+    active share only (pyserve.model.gguf.decode_read_bytes)."""
+    from pyserve.model.gguf import decode_read_bytes, tensor_index
+
+    meta, index = tensor_index(path)
+    arch = meta.get("general.architecture")
+    experts, used = meta.get(f"{arch}.expert_count") or 0, meta.get(f"{arch}.expert_used_count") or 0
+    params = 0
+    for name, _, dims, _ in index:
+        count = 1
+        for d in dims:
+            count *= int(d)
+        if name == "token_embd.weight":
+            continue  # a lookup, no FLOPs
+        params += count * used // experts if "_exps." in name and experts else count
+    return params, decode_read_bytes(path)[0]
+
+
 def measure(model_dir: Path = DEFAULT_MODEL_DIR) -> dict:
-    """The figures run.py stores: machine ceilings and what they allow this model."""
+    """The figures run.py stores: machine ceilings and what they allow this model (a model
+    directory's safetensors, or a GGUF file: its active parameters and the bytes a decode
+    token reads)."""
     import torch
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     gflops, gbs = gemm_gflops(), read_bandwidth_gbs()
-    params, weight_bytes = model_params(model_dir)
+    params, weight_bytes = (gguf_params(model_dir) if model_dir.suffix == ".gguf"
+                            else model_params(model_dir))
     gflop_per_token = 2 * params / 1e9
     gb_per_token = weight_bytes / 1e9
     return {"threads": threads, "gemm_gflops": gflops, "read_bandwidth_gbs": gbs,
@@ -107,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ceilings",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
-                   help="model directory with *.safetensors (default: the default model)")
+                   help="model directory with *.safetensors, or a .gguf file (default: the default model)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     c = measure(args.model)

@@ -138,6 +138,15 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   PYSERVE_DISPATCH(input, silu_and_mul(out, input))
 }
 
+std::tuple<at::Tensor, at::Tensor> moe_sort_rows(const at::Tensor& topk_ids, int64_t num_experts) {
+  PYSERVE_DISPATCH(topk_ids, moe_sort_rows(topk_ids, num_experts))
+}
+
+void moe_combine(at::Tensor& out, const at::Tensor& y, const at::Tensor& row_of,
+                 const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
+  PYSERVE_DISPATCH(out, moe_combine(out, y, row_of, topk_ids, topk_weights))
+}
+
 #undef PYSERVE_DISPATCH
 
 bool built_with_cuda() {
@@ -274,6 +283,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("grouped_linear", &pyserve::cpu::grouped_linear, py::arg("out"), py::arg("x"),
         py::arg("packed"), py::arg("offsets"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());
+  m.def("moe_sort_rows", &pyserve::moe_sort_rows, py::arg("topk_ids"), py::arg("num_experts"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("moe_combine", &pyserve::moe_combine, py::arg("out"), py::arg("y"), py::arg("row_of"),
+        py::arg("topk_ids"), py::arg("topk_weights"), py::call_guard<py::gil_scoped_release>());
   m.def("fused_moe", &pyserve::cpu::fused_moe, py::arg("out"), py::arg("x"), py::arg("topk_ids"),
         py::arg("topk_weights"), py::arg("gate_up"), py::arg("down"),
         py::arg("gate_up_bias") = py::none(), py::arg("down_bias") = py::none(),

@@ -83,7 +83,7 @@ export PYTHONFAULTHANDLER=1
 # kernels first, the engine (slowest) last
 files=(tests/kernels/test_cuda.py tests/cuda/test_attention.py tests/cuda/test_fused_ops.py
        tests/cuda/test_nccl.py tests/cuda/test_model.py tests/cuda/test_engine_cuda.py
-       tests/cuda/test_structured_cuda.py)
+       tests/cuda/test_structured_cuda.py tests/cuda/test_moe.py)
 if "$python" -c "import pytest" 2>/dev/null; then
   runner=("$python" -m pytest -m cuda -v -rs --tb=short -p no:cacheprovider -o faulthandler_timeout=90)
 else

@@ -272,9 +272,14 @@ def format_table(results: dict) -> str:
 
 def roofline(c: dict, spec) -> dict:
     """The server's own bandwidth roofline: the bytes of its weights a decode step reads (its
-    GGUF's size, or the model's safetensors) over the measured read bandwidth."""
-    gb = (spec.weights.stat().st_size / 1e9 if spec.weights is not None and spec.weights.exists()
-          else c["weight_gb_per_decode_token"]) * spec.weight_scale
+    GGUF's tensors, of a mixture of experts the active experts only; or the model's
+    safetensors) over the measured read bandwidth."""
+    if spec.weights is not None and spec.weights.exists():
+        from pyserve.model.gguf import decode_read_bytes
+
+        gb = decode_read_bytes(spec.weights)[0] / 1e9 * spec.weight_scale
+    else:
+        gb = c["weight_gb_per_decode_token"] * spec.weight_scale
     return {"weight_gb_per_decode_token": gb, "min_ms_per_token_single_stream": gb / c["read_bandwidth_gbs"] * 1000}
 
 
@@ -330,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                              for w in workloads},
                "servers": {}}
     if not args.no_ceilings:
-        results["machine"]["ceilings"] = ceilings.measure(args.model)
+        results["machine"]["ceilings"] = ceilings.measure(args.gguf or args.model)
         print(ceilings.describe(results["machine"]["ceilings"]), flush=True)
     chosen = {}
     for name in servers:

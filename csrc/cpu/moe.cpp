@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -45,6 +46,61 @@ void clamped_swiglu(const at::Tensor& h, at::Tensor& act, int64_t I, float alpha
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor> moe_sort_rows(const at::Tensor& topk_ids, int64_t num_experts) {
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.scalar_type() == at::kLong && topk_ids.is_contiguous(),
+              "moe_sort_rows: topk_ids must be contiguous int64 [T, k]");
+  const int64_t R = topk_ids.numel(), E = num_experts;
+  const int64_t* ids = topk_ids.data_ptr<int64_t>();
+  at::Tensor offsets = at::zeros({E + 1}, topk_ids.options());
+  at::Tensor rows = at::empty_like(topk_ids);
+  int64_t* off = offsets.data_ptr<int64_t>();
+  int64_t* row_of = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < R; ++i) {
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < E, "moe: expert id ", ids[i], " is outside 0..", E - 1);
+    ++off[ids[i] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) off[e + 1] += off[e];
+  std::vector<int64_t> next(off, off + E);
+  for (int64_t i = 0; i < R; ++i) row_of[i] = next[ids[i]]++;
+  return {rows, offsets};
+}
+
+void moe_combine(at::Tensor& out, const at::Tensor& y, const at::Tensor& row_of,
+                 const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
+  TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                  y.scalar_type() == at::kFloat && y.is_contiguous() && y.dim() == 2 &&
+                  y.size(1) == out.size(1), "moe_combine: out [T, H] and y [R, H] contiguous float32");
+  TORCH_CHECK(row_of.sizes() == topk_ids.sizes() && topk_weights.sizes() == topk_ids.sizes() &&
+                  topk_ids.size(0) == out.size(0) && topk_weights.scalar_type() == at::kFloat &&
+                  row_of.is_contiguous() && topk_ids.is_contiguous() && topk_weights.is_contiguous(),
+              "moe_combine: row_of, topk_ids and topk_weights must be contiguous [T, k]");
+  const int64_t T = out.size(0), H = out.size(1), k = topk_ids.size(1);
+  const int64_t* ids = topk_ids.data_ptr<int64_t>();
+  const int64_t* rows_of = row_of.data_ptr<int64_t>();
+  const float* w = topk_weights.data_ptr<float>();
+  const float* rows = y.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, T, rows_grain(H * k), [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> order(k);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t c = 0; c < k; ++c) order[c] = c;
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return ids[t * k + a] < ids[t * k + b];
+      });
+      float* dst = o + t * H;
+      std::fill_n(dst, H, 0.f);
+      for (int64_t c : order) {
+        const float weight = w[t * k + c];
+        const float* src = rows + rows_of[t * k + c] * H;
+        for (int64_t j = 0; j < H; ++j) {
+          const float product = src[j] * weight;
+          dst[j] = dst[j] + product;
+        }
+      }
+    }
+  });
+}
+
 void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& topk_ids,
                const at::Tensor& topk_weights, const std::vector<at::Tensor>& gate_up,
                const at::Tensor& down, const c10::optional<at::Tensor>& gate_up_bias,
@@ -70,21 +126,10 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& topk_ids,
   if (T == 0) return;
 
   // 1. the (token, choice) pairs by expert
-  const int64_t* ids = topk_ids.data_ptr<int64_t>();
-  std::vector<int64_t> offsets_host(E + 1, 0);
-  for (int64_t i = 0; i < R; ++i) {
-    TORCH_CHECK(ids[i] >= 0 && ids[i] < E, "fused_moe: expert id ", ids[i], " is outside 0..", E - 1);
-    ++offsets_host[ids[i] + 1];
-  }
-  for (int64_t e = 0; e < E; ++e) offsets_host[e + 1] += offsets_host[e];
-  std::vector<int64_t> next(offsets_host.begin(), offsets_host.end() - 1);
-  std::vector<int64_t> row_of(R), token_of_row(R);
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = next[ids[i]]++;
-    row_of[i] = row;
-    token_of_row[row] = i / k;
-  }
-  at::Tensor offsets = at::from_blob(offsets_host.data(), {E + 1}, at::kLong);
+  const auto [rows_of, offsets] = moe_sort_rows(topk_ids, E);
+  const int64_t* row_of = rows_of.data_ptr<int64_t>();
+  std::vector<int64_t> token_of_row(R);
+  for (int64_t i = 0; i < R; ++i) token_of_row[row_of[i]] = i / k;
   const auto options = x.options();
   at::Tensor xs = at::empty({R, H}, options);
   {
@@ -119,28 +164,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& topk_ids,
   grouped_linear(y, act, down, offsets, down_bias);
 
   // 4. each token's weighted sum, in ascending expert order
-  const float* w = topk_weights.data_ptr<float>();
-  const float* rows = y.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, T, rows_grain(H * k), [&](int64_t t0, int64_t t1) {
-    std::vector<int64_t> order(k);
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t c = 0; c < k; ++c) order[c] = c;
-      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        return ids[t * k + a] < ids[t * k + b];
-      });
-      float* dst = o + t * H;
-      std::fill_n(dst, H, 0.f);
-      for (int64_t c : order) {
-        const float weight = w[t * k + c];
-        const float* src = rows + row_of[t * k + c] * H;
-        for (int64_t j = 0; j < H; ++j) {
-          const float product = src[j] * weight;
-          dst[j] = dst[j] + product;
-        }
-      }
-    }
-  });
+  moe_combine(out, y, rows_of, topk_ids, topk_weights);
 }
 
 }  // namespace pyserve::cpu

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace pyserve::cpu {
@@ -99,6 +100,15 @@ void grouped_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& pack
 // where the model has them: gate_up_bias [E, 2I], down_bias [E, H]. activation: silu
 // (silu(gate) · up) or swigluoai (gpt-oss: gate clamped above at limit, up within ±limit,
 // (up + 1) · gate · sigmoid(alpha · gate)).
+// Its two steps around the experts' projections, with CUDA twins (csrc/cuda/moe.cu):
+// moe_sort_rows gives each (token, choice) pair of topk_ids [T, k] its row in an
+// expert-sorted order (row_of [T, k]: experts ascending, tokens in order within one) and the
+// experts' row offsets [E + 1]; moe_combine sums out[t] = Σ_c topk_weights[t, c] ·
+// y[row_of[t, c]] over t's choices in ascending expert order, from zero, each product
+// rounded before its add (transformers' index_add_ of weighted rows).
+std::tuple<at::Tensor, at::Tensor> moe_sort_rows(const at::Tensor& topk_ids, int64_t num_experts);
+void moe_combine(at::Tensor& out, const at::Tensor& y, const at::Tensor& row_of,
+                 const at::Tensor& topk_ids, const at::Tensor& topk_weights);
 void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& topk_ids,
                const at::Tensor& topk_weights, const std::vector<at::Tensor>& gate_up,
                const at::Tensor& down, const c10::optional<at::Tensor>& gate_up_bias,

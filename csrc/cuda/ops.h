@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <tuple>
 
 namespace pyserve::cuda {
 
@@ -38,6 +39,13 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
 
 // out[..., :d] = silu(input[..., :d]) * input[..., d:], input [..., 2d] (gate | up).
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
+
+// The mixture-of-experts steps of cpu::moe_sort_rows and cpu::moe_combine (csrc/cpu/ops.h),
+// same contracts and the same row order; moe_combine in float32, float16 or bfloat16 (float32
+// sums, rounded once at the end).
+std::tuple<at::Tensor, at::Tensor> moe_sort_rows(const at::Tensor& topk_ids, int64_t num_experts);
+void moe_combine(at::Tensor& out, const at::Tensor& y, const at::Tensor& row_of,
+                 const at::Tensor& topk_ids, const at::Tensor& topk_weights);
 
 // Queues, on the device's current stream, a write of 1 to `eventfd` once all work queued
 // before it has finished.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -319,10 +320,10 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _QUANT_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
-def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[int, ...], int]]]:
-    """(general.architecture, [(name, ggml type, dims, absolute data offset)]) read from the
-    header alone: the gguf package's reader also decodes every metadata array (the whole
-    vocabulary), which takes seconds."""
+def tensor_index(path: Path) -> tuple[dict, list[tuple[str, int, tuple[int, ...], int]]]:
+    """(the scalar and string metadata (arrays: None), [(name, ggml type, dims, absolute data
+    offset)]) read from the header alone: the gguf package's reader also decodes every
+    metadata array (the whole vocabulary), which takes seconds."""
     import mmap
     import struct
 
@@ -373,7 +374,7 @@ def _tensor_index(path: Path) -> tuple[str | None, list[tuple[str, int, tuple[in
             infos.append((name, take("I"), dims, take("Q")))
         alignment = int(meta.get("general.alignment") or 32)
         start = cdiv(pos, alignment) * alignment
-    return meta.get("general.architecture"), [(n, t, d, start + o) for n, t, d, o in infos]
+    return meta, [(n, t, d, start + o) for n, t, d, o in infos]
 
 
 def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: bool = True,
@@ -392,14 +393,27 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
     from pyserve.model.layers.quantized import BLOCK_BYTES, BLOCK_WEIGHTS, GGUFBlocks, GGUFExperts
     from pyserve.model.loader import stage_reads
 
-    gguf_arch, index = _tensor_index(Path(gguf_path))
+    meta, index = tensor_index(Path(gguf_path))
+    gguf_arch = meta.get("general.architecture")
     unknown = [n for n, *_ in index if _hf_name(n, gguf_arch) is None and n not in _READ_INTO_CONFIG]
     if unknown:
         raise ModelLoadError(f"GGUF '{gguf_path}' holds tensors pyserve has no place for: "
                              + ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else ""))
-    # copy-on-write: a writable view of the file that the loaders copy from without a first
-    # copy of their own (nothing writes to it)
-    data = np.memmap(gguf_path, dtype=np.uint8, mode="c")
+    # each tensor read with pread, not viewed through a memory map: the file's pages then stay
+    # in the page cache, out of this process's resident memory, which holds only the packed
+    # weights (and, while one is packed, its blocks)
+    fd = os.open(gguf_path, os.O_RDONLY)
+
+    def read(offset: int, nbytes: int) -> np.ndarray:
+        buffer = bytearray(nbytes)
+        view, done = memoryview(buffer), 0
+        while done < nbytes:
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise ModelLoadError(f"GGUF '{gguf_path}' ends inside tensor data")
+            done += got
+        return np.frombuffer(buffer, dtype=np.uint8)
+
     gemma = gguf_arch in _GEMMA
     row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.", ".shared_expert.down_proj.")
 
@@ -421,35 +435,65 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
                 if n in kept:
                     kept[n] = False
 
-    types_kept, types_widened = Counter(), Counter()
-    for tensor_name, ggml_type, dims, offset in index:
-        name = _hf_name(tensor_name, gguf_arch)
-        if name is None or (stage is not None and not stage_reads(name, stage)):
-            continue
-        shape = tuple(int(d) for d in reversed(dims))
-        heads = None
-        if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = arch.num_heads if "q_proj" in name else arch.num_kv_heads
-        if kept[name]:
-            type_ = _QUANT_TYPES[ggml_type]
-            row_bytes = shape[-1] // BLOCK_WEIGHTS[type_] * BLOCK_BYTES[type_]
-            rows = int(np.prod(shape[:-1]))
-            blocks = data[offset: offset + rows * row_bytes].reshape(*shape[:-1], row_bytes)
-            if heads is not None:
-                blocks = np.ascontiguousarray(_unpermute_rotary(blocks, heads))
-            types_kept[type_] += 1
-            if len(shape) == 3:
-                yield name, GGUFExperts(type_, torch.from_numpy(blocks), shape)
-            else:
-                yield name, GGUFBlocks(type_, torch.from_numpy(blocks), shape)
-            continue
-        types_widened[_type_name(ggml_type)] += 1
-        yield name, _widened(data, ggml_type, shape, offset, name, gemma, heads)
+    try:
+        types_kept, types_widened = Counter(), Counter()
+        for tensor_name, ggml_type, dims, offset in index:
+            name = _hf_name(tensor_name, gguf_arch)
+            if name is None or (stage is not None and not stage_reads(name, stage)):
+                continue
+            shape = tuple(int(d) for d in reversed(dims))
+            heads = None
+            if gguf_arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = arch.num_heads if "q_proj" in name else arch.num_kv_heads
+            if kept[name]:
+                type_ = _QUANT_TYPES[ggml_type]
+                row_bytes = shape[-1] // BLOCK_WEIGHTS[type_] * BLOCK_BYTES[type_]
+                rows = int(np.prod(shape[:-1]))
+                blocks = read(offset, rows * row_bytes).reshape(*shape[:-1], row_bytes)
+                if heads is not None:
+                    blocks = np.ascontiguousarray(_unpermute_rotary(blocks, heads))
+                types_kept[type_] += 1
+                if len(shape) == 3:
+                    yield name, GGUFExperts(type_, torch.from_numpy(blocks), shape)
+                else:
+                    yield name, GGUFBlocks(type_, torch.from_numpy(blocks), shape)
+                continue
+            types_widened[_type_name(ggml_type)] += 1
+            yield name, _widened(read, ggml_type, shape, offset, name, gemma, heads)
+    finally:
+        os.close(fd)
     logger.info("GGUF tensors kept quantized: %s; loaded as float32: %s",
                 _counts(types_kept), _counts(types_widened))
 
 
-def _widened(data, ggml_type: int, shape: tuple[int, ...], offset: int, name: str, gemma: bool,
+def decode_read_bytes(gguf_path: str | Path) -> tuple[int, int]:
+    """(bytes a decode token reads from the file's weights, the file's weight bytes): every
+    tensor once, but one row of the token embedding and, of a mixture of experts' stacked
+    experts, the share its top-k picks (expert_used_count of expert_count). The numerator
+    of a bandwidth roofline."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    meta, index = tensor_index(Path(gguf_path))
+    arch = meta.get("general.architecture")
+    experts, used = meta.get(f"{arch}.expert_count") or 0, meta.get(f"{arch}.expert_used_count") or 0
+    read = total = 0
+    for name, ggml_type, dims, _ in index:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        count = 1
+        for d in dims:
+            count *= int(d)
+        nbytes = count // block * size
+        total += nbytes
+        if name == "token_embd.weight":
+            read += nbytes // int(dims[-1])  # one row
+        elif "_exps." in name and experts:
+            read += nbytes * used // experts
+        else:
+            read += nbytes
+    return read, total
+
+
+def _widened(read, ggml_type: int, shape: tuple[int, ...], offset: int, name: str, gemma: bool,
              heads: int | None):
     """One tensor of the file as float32, dequantized by the gguf package."""
     import numpy as np
@@ -460,7 +504,7 @@ def _widened(data, ggml_type: int, shape: tuple[int, ...], offset: int, name: st
     qtype = GGMLQuantizationType(ggml_type)
     block, size = GGML_QUANT_SIZES[qtype]
     nbytes = int(np.prod(shape)) // block * size
-    raw = data[offset: offset + nbytes]
+    raw = read(offset, nbytes)
     if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
         raw = raw.view({GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
                         GGMLQuantizationType.BF16: np.uint16}[qtype])

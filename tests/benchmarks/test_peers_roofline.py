@@ -1,5 +1,6 @@
 """The peers table's "roof" column: W1 against the server's own bandwidth roofline (the bytes
-its weights file holds), the batched workloads against the GEMM ceiling."""
+a decode token reads from its weights file: one embedding row, a mixture of experts' active
+share), the batched workloads against the GEMM ceiling."""
 
 from __future__ import annotations
 
@@ -12,13 +13,33 @@ def _median(tpot_ms: float, total_tok_s: float) -> dict:
             "total_token_throughput": total_tok_s}
 
 
+def test_a_decode_token_reads_one_embedding_row_and_the_active_experts(tmp_path):
+    from make_tiny_gguf import MOE_CONFIG, make_tiny_gguf
+
+    from pyserve.model.gguf import decode_read_bytes
+
+    cfg = MOE_CONFIG
+    gguf = make_tiny_gguf(tmp_path / "moe.gguf", "Q8_0", arch="qwen3moe")
+    read, total = decode_read_bytes(gguf)
+    q8 = 34 / 32  # Q8_0: 34 bytes per 32 weights
+    experts = int(3 * cfg["num_experts"] * cfg["moe_intermediate_size"] * cfg["hidden_size"] * q8)
+    embedding = int(cfg["vocab_size"] * cfg["hidden_size"] * q8)
+    skipped = cfg["num_hidden_layers"] * experts * (cfg["num_experts"] - cfg["num_experts_per_tok"]) // cfg["num_experts"]
+    assert read == total - skipped - (embedding - embedding // cfg["vocab_size"])
+    assert total < gguf.stat().st_size  # the header and vocabulary are not weights
+
+
 def test_roof_column_uses_each_servers_own_weights(tmp_path):
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"\0" * 100_000)  # 1e-4 GB
+    from make_tiny_gguf import make_tiny_gguf
+
+    from pyserve.model.gguf import decode_read_bytes
+
+    gguf = make_tiny_gguf(tmp_path / "model.gguf", "Q8_0")
+    read_gb = decode_read_bytes(gguf)[0] / 1e9
     ceilings = {"read_bandwidth_gbs": 10.0, "weight_gb_per_decode_token": 0.5,
                 "max_tokens_per_s_compute": 400.0}
     quantized = roofline(ceilings, ServerSpec("q", "", lambda port: [], weights=gguf))
-    assert abs(quantized["min_ms_per_token_single_stream"] - 0.01) < 1e-12  # 1e-4 GB at 10 GB/s
+    assert abs(quantized["min_ms_per_token_single_stream"] - read_gb / 10 * 1000) < 1e-12
     halved = roofline(ceilings, ServerSpec("b", "", lambda port: [], weight_scale=0.5))
     assert abs(halved["min_ms_per_token_single_stream"] - 25.0) < 1e-9  # 0.25 GB at 10 GB/s
 
@@ -28,11 +49,12 @@ def test_roof_column_uses_each_servers_own_weights(tmp_path):
                               "W2": {"median": _median(tpot, 300.0), "full_length": True}}}
 
     results = {"repeats": 1, "workloads": ["W1", "W2"], "machine": {"ceilings": ceilings},
-               "servers": {"pyserve": server(halved, 50.0), "pyserve-q4": server(quantized, 0.04)}}
+               "servers": {"pyserve": server(halved, 50.0),
+                           "pyserve-q4": server(quantized, quantized["min_ms_per_token_single_stream"] * 4)}}
     rows = {(line.split()[0], line.split()[1]): line for line in format_table(results).splitlines()
             if line.startswith("W")}
     assert " 50% " in rows[("W1", "pyserve")]  # 25 ms floor / 50 ms
-    assert " 25% " in rows[("W1", "pyserve-q4")]  # 0.01 ms floor / 0.04 ms
+    assert " 25% " in rows[("W1", "pyserve-q4")]  # its floor / four times it
     assert " 75% " in rows[("W2", "pyserve")]  # 300 / 400 tok/s
 
 

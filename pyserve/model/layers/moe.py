@@ -129,11 +129,35 @@ class SparseMoe(nn.Module):
             out = torch.empty_like(x)
             _native.fused_moe(out, x.contiguous(), ids, weights.contiguous(), self.packed_gate_up,
                               self.packed_down)
+        elif x.is_cuda:
+            out = self.experts_sorted(x, weights, ids)
         else:
             out = self._experts_loop(x, weights, ids)
         out = self.tp.all_reduce(out)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def experts_sorted(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts over rows sorted by expert (the CUDA path; its steps have CPU twins):
+        one GEMM per picked expert and projection, then each token's weighted sum in the
+        loop's order (_native.moe_sort_rows, moe_combine)."""
+        row_of, offsets = _native.moe_sort_rows(ids.contiguous(), self.num_experts)
+        k = ids.shape[1]
+        xs = torch.empty(ids.numel(), x.shape[1], dtype=x.dtype, device=x.device)
+        xs[row_of.flatten()] = x.repeat_interleave(k, dim=0)
+        bounds = offsets.tolist()  # the host needs each expert's rows: one sync per layer
+        h = xs.new_empty(xs.shape[0], 2 * self.expert_size)
+        y = torch.empty_like(xs)
+        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        picked = [(e, bounds[e], bounds[e + 1]) for e in range(self.num_experts) if bounds[e + 1] > bounds[e]]
+        for e, a, b in picked:
+            torch.matmul(xs[a:b], gate_up[e].T, out=h[a:b])
+        act = silu_and_mul(h)
+        for e, a, b in picked:
+            torch.matmul(act[a:b], down[e].T, out=y[a:b])
+        out = torch.empty_like(x)
+        _native.moe_combine(out, y, row_of, ids.contiguous(), weights.float().contiguous())
         return out
 
     def _experts_loop(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
