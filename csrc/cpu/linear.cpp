@@ -822,6 +822,48 @@ inline void store_result(const float (&result)[MR][kPanel], float* out, int64_t 
 // within ±3,810, so all 8 add up in int16 (±30,480) before one vpmaddwd widens them. With
 // fifth bits (Q5_0, Q5_K: q up to 31, pair sums within ±7,874) only 4 fit, so the int16 sums
 // are widened after every second block.
+// One row of a 4-bit format (Q4_0, Q4_1, Q4_K) in a single pass over the panel: each group's
+// 32 k are broadcast once and meet all four 8-column slices, where the tile below walks the
+// panel once per slice. Every slice's integer sums and float steps are the tile's, in its
+// order: bitwise its result. A decode row of Q4_K read 15.3 GB/s instead of 14.3 (12,288 x
+// 2,048), 17.5 instead of 13.9 (1,536 x 2,048) on this 2-core AVX2 machine (2026-12-07).
+template <typename Format>
+inline void one_row_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
+                            float* out, int64_t cols, const float* bias) {
+  using Blocks = NibbleBlocks<Format>;
+  constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
+  const int64_t groups = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  vec acc[kVecs];
+  for (int v = 0; v < kVecs; ++v) acc[v] = zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t line = 0; line < kBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(panel + (g + kAhead) * kBytes + line), _MM_HINT_T0);
+    const uint8_t* nibbles = Blocks::nibbles(panel, g);
+    const int8_t* xq = q + g * kGroup;
+    __m256i dot[kVecs];
+    for (int v = 0; v < kVecs; ++v) dot[v] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i x_low = broadcast4(xq + 4 * j), x_high = broadcast4(xq + 16 + 4 * j);
+      for (int v = 0; v < kVecs; ++v) {
+        const __m256i raw = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(nibbles + (v / 2) * 256 + (v % 2) * 32 + j * 64));
+        const __m256i low = _mm256_and_si256(raw, nibble), high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        dot[v] = _mm256_add_epi16(dot[v], _mm256_add_epi16(_mm256_maddubs_epi16(low, x_low),
+                                                           _mm256_maddubs_epi16(high, x_high)));
+      }
+    }
+    for (int v = 0; v < kVecs; ++v) {
+      vec d, mins;
+      Blocks::scales(panel, g, v, d, mins);
+      acc[v] = add_nibble_block(acc[v], _mm256_madd_epi16(dot[v], ones), d, mins, scale_sum + g * 2);
+    }
+  }
+  alignas(64) float result[1][kPanel];
+  for (int v = 0; v < kVecs; ++v) store(result[0] + v * kLanes, acc[v]);
+  store_result<1>(result, out, 0, cols, bias);
+}
+
 template <int MR, typename Format>
 inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, const uint8_t* panel,
                          float* out, int64_t ldo, int64_t cols, const float* bias,
@@ -830,6 +872,10 @@ inline void tile_q4_int8(const int8_t* q, const float* scale_sum, int64_t K, con
   constexpr int64_t kBytes = kSubBytes<Format>, kAhead = (kPrefetchBytes + kBytes - 1) / kBytes;
   const int64_t groups = K / kGroup;
   const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);
+  if constexpr (MR == 1 && !Blocks::kFifthBits) {
+    one_row_q4_int8<Format>(q, scale_sum, K, panel, out, cols, bias);
+    return;
+  }
   alignas(64) float result[MR][kPanel];
   for (int v = 0; v < kVecs; ++v) {  // columns 8v .. 8v + 7: half v / 2, bytes 32 (v % 2) ..
     vec acc[MR];

@@ -215,3 +215,22 @@ def test_int8_q6_k_equals_its_definition(m, n, k, extreme):
     _native.packed_linear(out, x, packed, bias)
     error = (out.double() - expected).abs()
     assert (error <= 1e-6 * magnitude + 1e-30).all(), (error / magnitude).max()
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_int8_one_row_equals_the_same_row_among_others(kind):
+    """A decode row takes its own one-row int8 tile (AVX2: one pass over the panel, where
+    tiles of several rows walk it once per 8 columns): bitwise the result that row gets
+    inside a tile of several rows."""
+    if not _native.int8_dot_supported():
+        pytest.skip("this build has no int8 dot-product kernel")
+    n, k = 70, 512
+    blocks = random_blocks(kind, n, k, seed=5)
+    packed = _native.pack_gguf_weight(torch.from_numpy(blocks), k, kind, int8_activations=True)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
+    together = torch.empty(5, n)
+    _native.packed_linear(together, x, packed, None)
+    for r in range(5):
+        alone = torch.empty(1, n)
+        _native.packed_linear(alone, x[r:r + 1].contiguous(), packed, None)
+        assert torch.equal(bits(alone), bits(together[r:r + 1]))
