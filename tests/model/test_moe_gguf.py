@@ -102,3 +102,12 @@ def test_served_over_a_socket_equals_offline(moe_gguf, tmp_path):
         assert "8 experts, top-2" in srv.output() and "GGUF tensors kept quantized" in srv.output()
     finally:
         assert srv.stop() == 0
+
+
+def test_tensor_parallel_equals_one_rank(moe_gguf):
+    """Two ranks each take their rows of every expert's gate and up blocks; down's inputs
+    (128 a rank) do not split on whole 256-weight K-quant blocks, so they are widened to
+    float32, as a dense row-parallel layer's would be: the same greedy ids and logprobs."""
+    from tests.executor.ranks import assert_split_equals_one_rank
+
+    assert_split_equals_one_rank(moe_gguf, PROMPTS, tensor_parallel_size=2)
