@@ -111,3 +111,28 @@ def test_tensor_parallel_equals_one_rank(moe_gguf):
     from tests.executor.ranks import assert_split_equals_one_rank
 
     assert_split_equals_one_rank(moe_gguf, PROMPTS, tensor_parallel_size=2)
+
+
+def test_qwen2_moe_with_its_shared_expert(tmp_path):
+    """llama.cpp's qwen2moe: q/k/v biases, a shared expert (ffn_*_shexp) and its sigmoid gate
+    kept as a vector (ffn_gate_inp_shexp), top-k not renormalised: bitwise its float32
+    conversion, greedy ids transformers'."""
+    from make_tiny_gguf import make_tiny_gguf
+
+    from pyserve.model.gguf import convert_gguf
+
+    path = make_tiny_gguf(tmp_path / "tiny-qwen2moe.gguf", "mixed", arch="qwen2moe")
+    float32 = convert_gguf(path, tmp_path / "float32")
+    cfg = json.loads((float32 / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2MoeForCausalLM"] and cfg["norm_topk_prob"] is False
+    assert cfg["shared_expert_intermediate_size"] == 256 and cfg["attention_bias"] is True
+    params = SamplingParams(temperature=0.0, max_tokens=NEW, logprobs=2, ignore_eos=True)
+    llm = LLM(str(path), download_dir=str(tmp_path / "dl"))
+    assert llm.engine.executor.runner.model.model.layers[0].mlp.packed_down.dtype == torch.uint8
+    ours = llm.generate(PROMPTS, params)
+    reference = LLM(str(float32)).generate(PROMPTS, params)
+    hf = load_hf(float32)
+    for a, b in zip(ours, reference):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+        assert a.outputs[0].token_ids == hf_greedy(hf, a.prompt_token_ids, NEW)
