@@ -2,7 +2,7 @@
 ffn_*_exps expert tensors), as a GGUF file with its weights in chosen GGUF block types, for
 tests of the quantized CPU kernels against transformers loading the same file:
 
-    python tools/make_tiny_gguf.py OUT.gguf [--arch llama|qwen3moe|qwen2moe] [--types mixed|Q5_0|Q4_K|...] [--seed 0]
+    python tools/make_tiny_gguf.py OUT.gguf [--arch llama|qwen3moe|qwen2moe|olmoe|mixtral] [--types mixed|Q5_0|Q4_K|...] [--seed 0]
 
 `mixed` spreads Q4_0, Q4_K, Q5_K and Q6_K over the layers (and keeps a few tensors in types
 pyserve widens); a single type puts every linear weight and the embedding in it. The weights
@@ -181,7 +181,7 @@ def _start_writer(out_path: Path, arch: str, name: str, cfg: dict, tokens, token
 
 
 def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0, arch: str = "llama") -> Path:
-    if arch in ("qwen3moe", "qwen2moe"):
+    if arch in MOE_ARCHS:
         return make_tiny_moe_gguf(out_path, types, seed, arch)
     import gguf
     import torch
@@ -228,12 +228,24 @@ def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0, ar
     return out_path
 
 
+# the tiny mixtures of experts: GGUF architecture -> (transformers class names, config changes)
+MOE_ARCHS = {
+    "qwen3moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", {}),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+                 dict(norm_topk_prob=False, shared_expert_intermediate_size=256)),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(norm_topk_prob=False, intermediate_size=256)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(intermediate_size=256, num_local_experts=8)),
+}
+
+
 def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0,
                        arch: str = "qwen3moe") -> Path:
     """A tiny Qwen3-MoE as llama.cpp lays it out: q/k norms, a float32 router
     (ffn_gate_inp) and each projection's experts stacked in one 3-D tensor; or a tiny
     Qwen2-MoE (arch "qwen2moe"): q/k/v biases instead of the norms, and a shared expert with
-    its sigmoid gate (ffn_*_shexp, ffn_gate_inp_shexp, a vector)."""
+    its sigmoid gate (ffn_*_shexp, ffn_gate_inp_shexp, a vector); an OLMoE (q/k norms over
+    the whole projection); or a Mixtral, which llama.cpp writes as "llama" with experts (q/k
+    rows permuted, no norms)."""
     import gguf
     import torch
     import transformers
@@ -243,11 +255,9 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
     out_path, cfg = Path(out_path), MOE_CONFIG
     torch.manual_seed(seed)
     qwen2 = arch == "qwen2moe"
-    if qwen2:
-        cfg = dict(MOE_CONFIG, norm_topk_prob=False, shared_expert_intermediate_size=256)
-        model = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**cfg))
-    else:
-        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**cfg))
+    model_name, config_name, changes = MOE_ARCHS[arch]
+    cfg = dict(MOE_CONFIG, **changes)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**cfg))
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     with tempfile.TemporaryDirectory() as tmp:
         make_tokenizer(Path(tmp))
@@ -258,7 +268,8 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
             return types
         return MOE_MIXED[role] if layer is None else MOE_MIXED[layer][role]
 
-    writer = _start_writer(out_path, arch, "tiny-moe", cfg, tokens, token_types, merges)
+    writer = _start_writer(out_path, "llama" if arch == "mixtral" else arch, "tiny-moe", cfg, tokens,
+                           token_types, merges)
     if qwen2:
         writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     writer.add_key_length(cfg["head_dim"])
@@ -289,12 +300,16 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
                              ("ffn_down_shexp", "down_proj")):
                 add(f"blk.{i}.{role}.weight", state[layer + f"mlp.shared_expert.{hf}.weight"],
                     type_of("ffn_gate_exps" if role != "ffn_down_shexp" else "ffn_down_exps", i))
-        else:
+        elif arch != "mixtral":
             add(f"blk.{i}.attn_q_norm.weight", state[layer + "self_attn.q_norm.weight"], "F32")
             add(f"blk.{i}.attn_k_norm.weight", state[layer + "self_attn.k_norm.weight"], "F32")
+        heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
         for role, hf in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"),
                          ("attn_output", "o_proj")):
-            add(f"blk.{i}.{role}.weight", state[layer + f"self_attn.{hf}.weight"], type_of(role, i))
+            weight = state[layer + f"self_attn.{hf}.weight"]
+            if arch == "mixtral" and hf in heads:  # llama.cpp's rotary layout, as its converter
+                weight = _permute_rotary(weight, heads[hf])
+            add(f"blk.{i}.{role}.weight", weight, type_of(role, i))
         add(f"blk.{i}.ffn_gate_inp.weight", state[layer + "mlp.gate.weight"], "F32")
         gate_up = state[layer + "mlp.experts.gate_up_proj"]  # [E, 2I, H]
         add(f"blk.{i}.ffn_gate_exps.weight", gate_up[:, :i_size], type_of("ffn_gate_exps", i))
@@ -312,7 +327,7 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen3moe", "qwen2moe"])
+    parser.add_argument("--arch", default="llama", choices=["llama", *MOE_ARCHS])
     parser.add_argument("--types", default="mixed", help="mixed, or one GGUF type for every weight")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

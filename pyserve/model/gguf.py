@@ -565,11 +565,28 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     return _write_dir(Path(gguf_path), Path(out_dir), with_weights=True)
 
 
+def _gguf_tokenizer(gguf_path: Path):
+    """The file's tokenizer as transformers reads a GGUF's. transformers loads the tokenizer
+    only of the architectures whose weights it loads too (not olmoe, for one); for those the
+    same conversion of the file's tokenizer fields is called directly."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except ValueError as exc:
+        if "is not supported" not in str(exc):
+            raise
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, fields, special = get_gguf_tokenizer(str(gguf_path))
+    backend, extra = convert_gguf_tokenizer(architecture, fields)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **special, **extra)
+
+
 def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
     """Writes into a temporary directory and renames it into place when complete."""
     from gguf import GGUFReader
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
     from pyserve.model.arch import ModelArch
 
@@ -594,8 +611,7 @@ def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
         if end_of_turn and cfg["eos_token_id"] is not None:
             generation["eos_token_id"] = [cfg["eos_token_id"], *end_of_turn]
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        tokenizer.save_pretrained(str(tmp))
+        _gguf_tokenizer(gguf_path).save_pretrained(str(tmp))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)

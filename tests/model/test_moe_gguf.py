@@ -113,19 +113,24 @@ def test_tensor_parallel_equals_one_rank(moe_gguf):
     assert_split_equals_one_rank(moe_gguf, PROMPTS, tensor_parallel_size=2)
 
 
-def test_qwen2_moe_with_its_shared_expert(tmp_path):
-    """llama.cpp's qwen2moe: q/k/v biases, a shared expert (ffn_*_shexp) and its sigmoid gate
-    kept as a vector (ffn_gate_inp_shexp), top-k not renormalised: bitwise its float32
-    conversion, greedy ids transformers'."""
+@pytest.mark.parametrize("arch", ["qwen2moe", "olmoe", "mixtral"])
+def test_other_moe_architectures(arch, tmp_path):
+    """llama.cpp's qwen2moe (q/k/v biases, a shared expert whose gate it keeps as a vector,
+    top-k not renormalised), olmoe (q/k norms over the whole projection, not renormalised)
+    and Mixtral's llama with experts (q/k rows permuted, renormalised): each served in place
+    bitwise as its float32 conversion, with transformers' greedy ids."""
     from make_tiny_gguf import make_tiny_gguf
 
     from pyserve.model.gguf import convert_gguf
 
-    path = make_tiny_gguf(tmp_path / "tiny-qwen2moe.gguf", "mixed", arch="qwen2moe")
+    path = make_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", "mixed", arch=arch)
     float32 = convert_gguf(path, tmp_path / "float32")
     cfg = json.loads((float32 / "config.json").read_text())
-    assert cfg["architectures"] == ["Qwen2MoeForCausalLM"] and cfg["norm_topk_prob"] is False
-    assert cfg["shared_expert_intermediate_size"] == 256 and cfg["attention_bias"] is True
+    expected = {"qwen2moe": ("Qwen2MoeForCausalLM", False), "olmoe": ("OlmoeForCausalLM", False),
+                "mixtral": ("MixtralForCausalLM", True)}[arch]
+    assert (cfg["architectures"][0], cfg["norm_topk_prob"]) == expected
+    if arch == "qwen2moe":
+        assert cfg["shared_expert_intermediate_size"] == 256 and cfg["attention_bias"] is True
     params = SamplingParams(temperature=0.0, max_tokens=NEW, logprobs=2, ignore_eos=True)
     llm = LLM(str(path), download_dir=str(tmp_path / "dl"))
     assert llm.engine.executor.runner.model.model.layers[0].mlp.packed_down.dtype == torch.uint8
