@@ -58,6 +58,12 @@ inline void put_nibble(uint8_t* nibbles, int64_t k, int64_t c, int q) {
   uint8_t& dst = nibbles[nibble_byte(k, c)];
   dst = nibble_shift(k) == 0 ? (dst & 0xF0) | q : (dst & 0x0F) | (q << 4);
 }
+// All 32 k of column c at once (q[k] < 16): its 16 bytes written whole, where 32 calls of
+// put_nibble read and wrote each byte twice (packing a model's experts took most of its load)
+inline void put_nibble_column(uint8_t* nibbles, int64_t c, const uint8_t* q) {
+  for (int64_t k = 0; k < 16; ++k)  // k in the byte's low nibble, k + 16 in its high
+    nibbles[nibble_byte(k, c)] = static_cast<uint8_t>(q[k] | (q[k + 16] << 4));
+}
 
 // where the fifth bit of k (0 .. 31) sits in a Q5_0 / Q5_K column's word: byte b = k % 4, at
 // bit k / 4 of it for k < 16 and 4 + (k - 16) / 4 above. Block j of the nibbles (k = 4j + b and
@@ -183,7 +189,9 @@ struct Q4_0Format {
   }
   static void pack_block(const uint8_t* block, uint8_t* g, int64_t c) {
     std::memcpy(g + 2 * c, block, 2);
-    for (int64_t j = 0; j < kGroup; ++j) put_nibble(g + 64, j, c, j < 16 ? block[2 + j] & 15 : block[2 + j - 16] >> 4);
+    uint8_t q[kGroup];
+    for (int64_t j = 0; j < kGroup; ++j) q[j] = j < 16 ? block[2 + j] & 15 : block[2 + j - 16] >> 4;
+    put_nibble_column(g + 64, c, q);
   }
 #ifdef PYSERVE_VEC
   struct Reader {
@@ -230,7 +238,9 @@ struct Q5_0Format {
     std::memcpy(g + 2 * c, block, 2);
     const uint32_t fifth = fifth_bit_word(block + 2);  // the file's bit i: q_i's fifth bit
     std::memcpy(g + 64 + 4 * c, &fifth, 4);
-    for (int64_t j = 0; j < kGroup; ++j) put_nibble(g + 192, j, c, j < 16 ? block[6 + j] & 15 : block[6 + j - 16] >> 4);
+    uint8_t q[kGroup];
+    for (int64_t j = 0; j < kGroup; ++j) q[j] = j < 16 ? block[6 + j] & 15 : block[6 + j - 16] >> 4;
+    put_nibble_column(g + 192, c, q);
   }
 #ifdef PYSERVE_VEC
   struct Reader {
@@ -297,10 +307,12 @@ struct QK45Format {
       g[128 + s * 32 + c] = sc[s];
       g[384 + s * 32 + c] = m[s];
       uint32_t high = 0;
+      uint8_t q[kGroup];
       for (int i = 0; i < kGroup; ++i) {
-        put_nibble(g + kNibbles + s * 512, i, c, (qs[32 * (s / 2) + i] >> (4 * (s % 2))) & 15);
-        high |= static_cast<uint32_t>((qh[i] >> s) & 1) << fifth_bit_position(i);
+        q[i] = (qs[32 * (s / 2) + i] >> (4 * (s % 2))) & 15;
+        if (kFifthBit) high |= static_cast<uint32_t>((qh[i] >> s) & 1) << fifth_bit_position(i);
       }
+      put_nibble_column(g + kNibbles + s * 512, c, q);
       if (kFifthBit) std::memcpy(g + kHigh + s * 128 + 4 * c, &high, 4);
     }
   }

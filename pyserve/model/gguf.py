@@ -405,14 +405,14 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
     fd = os.open(gguf_path, os.O_RDONLY)
 
     def read(offset: int, nbytes: int) -> np.ndarray:
-        buffer = bytearray(nbytes)
-        view, done = memoryview(buffer), 0
+        array = np.empty(nbytes, dtype=np.uint8)  # not zeroed: every byte is read into it
+        view, done = memoryview(array), 0
         while done < nbytes:
             got = os.preadv(fd, [view[done:]], offset + done)
             if got <= 0:
                 raise ModelLoadError(f"GGUF '{gguf_path}' ends inside tensor data")
             done += got
-        return np.frombuffer(buffer, dtype=np.uint8)
+        return array
 
     gemma = gguf_arch in _GEMMA
     row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.", ".shared_expert.down_proj.")
