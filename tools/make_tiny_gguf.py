@@ -155,9 +155,17 @@ MOE_MIXED = {
 }
 
 
-def _start_writer(out_path: Path, arch: str, name: str, cfg: dict, tokens, token_types, merges):
-    """A GGUF writer holding the keys every tiny model shares and its tokenizer."""
+def _start_writer(out_path: Path, arch: str, name: str, cfg: dict):
+    """(a GGUF writer holding the keys every tiny model shares and its tokenizer, add(name,
+    weight, type) that encodes a weight, [rows, cols] or stacked experts [E, rows, cols], into
+    it)."""
     import gguf
+
+    from make_tiny_model import make_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tokenizer(Path(tmp))
+        tokens, token_types, merges = _tokenizer_fields(Path(tmp))
 
     writer = gguf.GGUFWriter(str(out_path), arch)
     writer.add_name(name)
@@ -177,37 +185,39 @@ def _start_writer(out_path: Path, arch: str, name: str, cfg: dict, tokens, token
     writer.add_bos_token_id(cfg["bos_token_id"])
     writer.add_eos_token_id(cfg["eos_token_id"])
     writer.add_pad_token_id(cfg["pad_token_id"])
-    return writer
+
+    def add(tensor_name: str, weight: np.ndarray, type_name: str) -> None:
+        if weight.ndim == 3:  # stacked experts: each expert's rows encoded, then stacked
+            data = np.stack([encode(w, type_name) for w in weight])
+        else:
+            data = encode(weight, type_name)
+        raw = None if type_name in ("F32", "F16") else gguf.GGMLQuantizationType[type_name]
+        writer.add_tensor(tensor_name, data, raw_dtype=raw)
+
+    return writer, add
+
+
+def _type_picker(types: str, table: dict):
+    """type_of(role, layer): one type for every weight, or the mixed table's."""
+    def type_of(role: str, layer: int | None) -> str:
+        if types != "mixed":
+            return types
+        return table[role] if layer is None else table[layer][role]
+    return type_of
 
 
 def make_tiny_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0, arch: str = "llama") -> Path:
     if arch in MOE_ARCHS:
         return make_tiny_moe_gguf(out_path, types, seed, arch)
-    import gguf
     import torch
     import transformers
-
-    from make_tiny_model import make_tokenizer
 
     out_path = Path(out_path)
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**CONFIG)
     state = {k: v.numpy() for k, v in transformers.LlamaForCausalLM(config).state_dict().items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        make_tokenizer(Path(tmp))
-        tokens, token_types, merges = _tokenizer_fields(Path(tmp))
-
-    def type_of(role: str, layer: int | None) -> str:
-        if types != "mixed":
-            return types
-        return MIXED[role] if layer is None else MIXED[layer][role]
-
-    writer = _start_writer(out_path, "llama", "tiny-kquant", CONFIG, tokens, token_types, merges)
-
-    def add(name: str, weight: np.ndarray, type_name: str) -> None:
-        data = encode(weight, type_name)
-        raw = None if type_name in ("F32", "F16") else gguf.GGMLQuantizationType[type_name]
-        writer.add_tensor(name, data, raw_dtype=raw)
+    type_of = _type_picker(types, MIXED)
+    writer, add = _start_writer(out_path, "llama", "tiny-kquant", CONFIG)
 
     add("token_embd.weight", state["model.embed_tokens.weight"], type_of("token_embd", None))
     heads = {"attn_q": CONFIG["num_attention_heads"], "attn_k": CONFIG["num_key_value_heads"]}
@@ -246,30 +256,18 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
     its sigmoid gate (ffn_*_shexp, ffn_gate_inp_shexp, a vector); an OLMoE (q/k norms over
     the whole projection); or a Mixtral, which llama.cpp writes as "llama" with experts (q/k
     rows permuted, no norms)."""
-    import gguf
     import torch
     import transformers
 
-    from make_tiny_model import make_tokenizer
-
-    out_path, cfg = Path(out_path), MOE_CONFIG
+    out_path = Path(out_path)
     torch.manual_seed(seed)
     qwen2 = arch == "qwen2moe"
     model_name, config_name, changes = MOE_ARCHS[arch]
     cfg = dict(MOE_CONFIG, **changes)
     model = getattr(transformers, model_name)(getattr(transformers, config_name)(**cfg))
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    with tempfile.TemporaryDirectory() as tmp:
-        make_tokenizer(Path(tmp))
-        tokens, token_types, merges = _tokenizer_fields(Path(tmp))
-
-    def type_of(role: str, layer: int | None) -> str:
-        if types != "mixed":
-            return types
-        return MOE_MIXED[role] if layer is None else MOE_MIXED[layer][role]
-
-    writer = _start_writer(out_path, "llama" if arch == "mixtral" else arch, "tiny-moe", cfg, tokens,
-                           token_types, merges)
+    type_of = _type_picker(types, MOE_MIXED)
+    writer, add = _start_writer(out_path, "llama" if arch == "mixtral" else arch, "tiny-moe", cfg)
     if qwen2:
         writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     writer.add_key_length(cfg["head_dim"])
@@ -277,14 +275,6 @@ def make_tiny_moe_gguf(out_path: str | Path, types: str = "mixed", seed: int = 0
     writer.add_expert_count(cfg["num_experts"])
     writer.add_expert_used_count(cfg["num_experts_per_tok"])
     writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-
-    def add(name: str, weight: np.ndarray, type_name: str) -> None:
-        if weight.ndim == 3:  # stacked experts: each expert's rows encoded, then stacked
-            data = np.stack([encode(w, type_name) for w in weight])
-        else:
-            data = encode(weight, type_name)
-        raw = None if type_name in ("F32", "F16") else gguf.GGMLQuantizationType[type_name]
-        writer.add_tensor(name, data, raw_dtype=raw)
 
     add("token_embd.weight", state["model.embed_tokens.weight"], type_of("token_embd", None))
     i_size = cfg["moe_intermediate_size"]
