@@ -595,7 +595,8 @@ def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
     except Exception as exc:  # the gguf package raises bare ValueErrors and friends
         raise ModelLoadError(f"'{gguf_path}' is not a readable GGUF file: {exc}") from None
     cfg, gguf_arch = _config(reader)
-    del reader  # its memory map; gguf_weights maps the file again
+    end_of_turn = _end_of_turn_ids(reader, gguf_arch)
+    del reader  # its memory map and decoded metadata, before the weights are read
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
@@ -604,10 +605,7 @@ def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
             tensors = _transformers_names(dict(gguf_weights(gguf_path, arch, keep_quantized=False)))
             save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        reader = GGUFReader(gguf_path)
         generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg[k] is not None}
-        end_of_turn = _end_of_turn_ids(reader, gguf_arch)
-        del reader
         if end_of_turn and cfg["eos_token_id"] is not None:
             generation["eos_token_id"] = [cfg["eos_token_id"], *end_of_turn]
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
