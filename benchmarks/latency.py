@@ -3,6 +3,7 @@ the latency of each engine step.
 
     python -m benchmarks.latency [--batch-size 8] [--input-len 32] [--output-len 128]
         [--num-iters-warmup 10] [--num-iters 30] [--output-json FILE] [--seed 0]
+        [--python-layers]
         [any `python -m pyserve` model / cache / scheduler flag, e.g. --model DIR]
     python -m pyserve bench latency ...   (the same)
 
@@ -15,6 +16,10 @@ otherwise be served from the cache after the first).
 Per step: the steps until every request has its first token are the prefill (reported as
 the batch's time to first token); every later step advances each running request by one token,
 so its duration is the per-output-token latency at this batch size (reported in ms).
+
+--python-layers runs every decoder layer through its Python modules instead of the native
+stack (model/layers/native.py), the same kernels with the Python between them: what the
+stack saves, on one process (no tensor or pipeline parallelism).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-iters", type=int, default=30)
     p.add_argument("--output-json", help="write the latencies here")
     p.add_argument("--seed", type=int, default=0, help="for the prompts")
+    p.add_argument("--python-layers", action="store_true",
+                   help="decoder layers in Python, the native stack off")
     return p
 
 
@@ -63,6 +70,18 @@ def run_batch(core, prompts: list[list[int]], params, ids) -> tuple[float, float
         else:
             decode_steps.append(now - step_start)
     return time.perf_counter() - start, first_token_s, decode_steps
+
+
+def python_layers(core) -> None:
+    """Every decoder layer through its Python forward (the native specs dropped)."""
+    runner = getattr(core.executor, "runner", None)
+    if runner is None:
+        raise SystemExit("--python-layers needs the model in this process (no tensor or pipeline "
+                         "parallelism)")
+    layers = [m for m in runner.model.modules() if getattr(m, "native", None) is not None]
+    for layer in layers:
+        layer.native = None
+    print(f"{len(layers)} decoder layers in Python")
 
 
 def summarize(latencies: list[float], first_tokens: list[float], steps: list[float]) -> dict:
@@ -95,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     # later flags win, so an explicit --enable-prefix-caching turns caching back on
     config = parse_config(["--no-enable-prefix-caching", *engine_flags])
     core = EngineCore(config)
+    if args.python_layers:
+        python_layers(core)
     if core.max_model_len < args.input_len + args.output_len:
         raise SystemExit(f"--input-len + --output-len ({args.input_len + args.output_len}) exceeds "
                          f"the model length {core.max_model_len}; raise --max-model-len")

@@ -226,54 +226,71 @@ PYBIND11_MODULE(_C, m) {
              return linear;
            }),
            py::arg("parts"), py::arg("bias"), py::arg("max_rows"), py::arg("gemm_weight"));
-  py::class_<pyserve::cpu::LlamaLayer>(m, "LlamaLayer")
-      .def(py::init<at::Tensor, at::Tensor, double, pyserve::cpu::PackedLinear,
-                    pyserve::cpu::PackedLinear, pyserve::cpu::PackedLinear,
-                    pyserve::cpu::PackedLinear, int64_t, int64_t, int64_t, at::Tensor, double>(),
-           py::arg("input_norm"), py::arg("post_norm"), py::arg("eps"), py::arg("qkv"),
-           py::arg("o_proj"), py::arg("gate_up"), py::arg("down"), py::arg("num_heads"),
-           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"))
-      .def("forward",
-           [](const pyserve::cpu::LlamaLayer& layer, const at::Tensor& positions, at::Tensor hidden,
-              std::optional<at::Tensor> residual, at::Tensor& key_cache, at::Tensor& value_cache,
-              const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-              const at::Tensor& query_start_loc, const at::Tensor& seq_lens) {
-             pyserve::cpu::StepBuffers buffers;  // this call's own: what it returns is new or the caller's
-             return layer.forward(buffers, /*fresh_output=*/true, positions, std::move(hidden),
-                                  std::move(residual), key_cache, value_cache, slot_mapping,
-                                  block_tables, query_start_loc, seq_lens);
-           },
-           py::arg("positions"), py::arg("hidden"),
-           py::arg("residual"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
-           py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
-           py::call_guard<py::gil_scoped_release>());
-  py::class_<pyserve::cpu::GemmaLayer>(m, "GemmaLayer")
-      .def(py::init([](std::array<at::Tensor, 4> norms, std::optional<at::Tensor> q_norm,
-                       std::optional<at::Tensor> k_norm, double eps, pyserve::cpu::PackedLinear qkv,
-                       pyserve::cpu::PackedLinear o_proj, pyserve::cpu::PackedLinear gate_up,
-                       pyserve::cpu::PackedLinear down, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t head_dim, at::Tensor cos_sin, double scale, int64_t window,
-                       double softcap, int64_t kv_group) {
-             return pyserve::cpu::GemmaLayer(
-                 pyserve::cpu::GemmaNorms{norms[0], norms[1], norms[2], norms[3], q_norm, k_norm, eps},
-                 qkv, o_proj, gate_up, down, num_heads, num_kv_heads, head_dim, cos_sin, scale,
-                 window, softcap, kv_group);
+  namespace cpu = pyserve::cpu;
+  py::enum_<cpu::QkNorm>(m, "QkNorm")
+      .value("none", cpu::QkNorm::kNone)
+      .value("per_head", cpu::QkNorm::kPerHead)
+      .value("per_head_contiguous", cpu::QkNorm::kPerHeadContiguous)
+      .value("projection", cpu::QkNorm::kProjection);
+  py::class_<cpu::AttentionSpec>(m, "AttentionSpec")
+      .def(py::init([](cpu::PackedLinear qkv, cpu::PackedLinear o_proj, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, cpu::QkNorm qk_norm,
+                       std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                       std::optional<at::Tensor> cos_sin, double scale, int64_t window, double softcap) {
+             return cpu::AttentionSpec{std::move(qkv), std::move(o_proj), num_heads, num_kv_heads, head_dim,
+                                       qk_norm, std::move(q_norm), std::move(k_norm), std::move(cos_sin),
+                                       scale, window, softcap};
            }),
-           py::arg("norms"), py::arg("q_norm"), py::arg("k_norm"), py::arg("eps"), py::arg("qkv"),
-           py::arg("o_proj"), py::arg("gate_up"), py::arg("down"), py::arg("num_heads"),
-           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("cos_sin"), py::arg("scale"),
-           py::arg("window"), py::arg("softcap"), py::arg("kv_group"));
-  py::class_<pyserve::cpu::GemmaStack>(m, "GemmaStack")
-      .def(py::init<std::vector<pyserve::cpu::GemmaLayer>, std::vector<at::Tensor>, std::vector<at::Tensor>>(),
-           py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"))
-      .def("forward", &pyserve::cpu::GemmaStack::forward, py::arg("positions"), py::arg("hidden"),
-           py::arg("slot_mappings"), py::arg("block_tables"), py::arg("query_start_loc"),
-           py::arg("seq_lens"), py::call_guard<py::gil_scoped_release>());
-  py::class_<pyserve::cpu::LlamaStack>(m, "LlamaStack")
-      .def(py::init<std::vector<pyserve::cpu::LlamaLayer>, std::vector<at::Tensor>, std::vector<at::Tensor>>(),
-           py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"))
-      .def("forward", &pyserve::cpu::LlamaStack::forward, py::arg("positions"), py::arg("hidden"),
-           py::arg("residual"), py::arg("slot_mapping"), py::arg("block_tables"),
+           py::arg("qkv"), py::arg("o_proj"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("qk_norm"), py::arg("q_norm"), py::arg("k_norm"),
+           py::arg("cos_sin"), py::arg("scale"), py::arg("window"), py::arg("softcap"));
+  py::class_<cpu::DenseMlp>(m, "DenseMlp")
+      .def(py::init([](cpu::PackedLinear gate_up, cpu::PackedLinear down, std::string activation) {
+             return cpu::DenseMlp{std::move(gate_up), std::move(down), std::move(activation)};
+           }),
+           py::arg("gate_up"), py::arg("down"), py::arg("activation"));
+  py::class_<cpu::MoeMlp>(m, "MoeMlp")
+      .def(py::init([](at::Tensor router, int64_t top_k, bool norm_topk_prob,
+                       std::vector<at::Tensor> gate_up, at::Tensor down,
+                       std::optional<cpu::DenseMlp> shared_expert, std::optional<at::Tensor> shared_gate) {
+             return cpu::MoeMlp{std::move(router), top_k, norm_topk_prob, std::move(gate_up),
+                                std::move(down), std::move(shared_expert), std::move(shared_gate)};
+           }),
+           py::arg("router"), py::arg("top_k"), py::arg("norm_topk_prob"), py::arg("gate_up"),
+           py::arg("down"), py::arg("shared_expert"), py::arg("shared_gate"));
+  py::class_<cpu::LayerSpec>(m, "LayerSpec")
+      .def(py::init([](std::string placement, std::vector<at::Tensor> norms, double eps,
+                       cpu::AttentionSpec attention, std::optional<cpu::DenseMlp> mlp,
+                       std::optional<cpu::MoeMlp> moe) {
+             cpu::LayerSpec layer{std::move(placement), std::move(norms), eps, std::move(attention),
+                                  std::move(mlp), std::move(moe)};
+             cpu::check_layer(layer);
+             return layer;
+           }),
+           py::arg("placement"), py::arg("norms"), py::arg("eps"), py::arg("attention"),
+           py::arg("mlp"), py::arg("moe"));
+  // one layer's step with buffers of its own (what it returns is new or the caller's)
+  m.def("decoder_layer",
+        [](const cpu::LayerSpec& layer, const at::Tensor& positions, at::Tensor hidden,
+           std::optional<at::Tensor> residual, at::Tensor& key_cache, at::Tensor& value_cache,
+           const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+           const at::Tensor& query_start_loc, const at::Tensor& seq_lens) {
+          cpu::StepBuffers buffers;
+          return cpu::decoder_layer_forward(layer, buffers, /*fresh_output=*/true, positions,
+                                            std::move(hidden), std::move(residual), key_cache,
+                                            value_cache, slot_mapping, block_tables,
+                                            query_start_loc, seq_lens);
+        },
+        py::arg("layer"), py::arg("positions"), py::arg("hidden"), py::arg("residual"),
+        py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
+        py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
+        py::call_guard<py::gil_scoped_release>());
+  py::class_<cpu::DecoderStack>(m, "DecoderStack")
+      .def(py::init<std::vector<cpu::LayerSpec>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                    std::vector<int64_t>>(),
+           py::arg("layers"), py::arg("key_caches"), py::arg("value_caches"), py::arg("kv_groups"))
+      .def("forward", &cpu::DecoderStack::forward, py::arg("positions"), py::arg("hidden"),
+           py::arg("residual"), py::arg("slot_mappings"), py::arg("block_tables"),
            py::arg("query_start_loc"), py::arg("seq_lens"), py::call_guard<py::gil_scoped_release>());
   m.def("unpack_linear_weight", &pyserve::cpu::unpack_linear_weight, py::arg("packed"),
         py::arg("n"), py::call_guard<py::gil_scoped_release>());

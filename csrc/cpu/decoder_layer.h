@@ -1,8 +1,11 @@
-// One decoder layer on the CPU in a single call: the kernels of the Python layer's forward
-// (pyserve/model/models/llama.py's LlamaDecoderLayer, gemma.py's GemmaDecoderLayer), in the
-// same order on the same buffers (so the results are bitwise the Python path's), without its
-// 25 to 40 Python and pybind11 round trips per layer, which cost about 2 ms of a 10 ms SmolLM2
-// decode step and 4 ms of a 19 ms Gemma 3 270M one.
+// The decoder layers on the CPU as one native call a step, built from layer specs: each layer
+// is a choice of a norm placement, an attention (its q/k norm, rope, window, softcap) and an
+// MLP (dense gated, or a mixture of experts), so that a new architecture made of these pieces
+// is a new spec built in Python (pyserve/model/layers/native.py), not new C++.
+// Each piece runs the kernels of the Python module it stands for, in the same order on the
+// same values, so that the results are bitwise the Python path's, without its 25 to 40 Python
+// and pybind11 round trips per layer (about 2 ms of a 10 ms SmolLM2 decode step, 4 ms of a
+// 19 ms Gemma 3 270M one).
 // For one rank (no tensor parallelism), float32 activations and weights from
 // pack_linear_weight or pack_gguf_weight; the Python path serves every other case.
 #pragma once
@@ -11,6 +14,7 @@
 
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -43,6 +47,59 @@ struct PackedLinear {
   at::Tensor into(const at::Tensor& x, at::Tensor& out) const;
 };
 
+// How q and k are normalised before rotary, as the attention module of each family does.
+enum class QkNorm : int64_t {
+  kNone = 0,
+  kPerHead = 1,            // layers/norm.py's RMSNorm on each head's view (Qwen3)
+  kPerHeadContiguous = 2,  // GemmaRMSNorm: each head of a contiguous copy ((1 + w) given)
+  kProjection = 3,         // over the whole q and k projections at once (OLMo 2, OLMoE)
+};
+
+struct AttentionSpec {
+  PackedLinear qkv, o_proj;
+  int64_t num_heads, num_kv_heads, head_dim;
+  QkNorm qk_norm;
+  std::optional<at::Tensor> q_norm, k_norm;
+  std::optional<at::Tensor> cos_sin;  // the neox rotary table; none: a layer without rope
+  double scale;
+  int64_t window;   // 0: global attention
+  double softcap;   // 0: none
+};
+
+// A gated MLP: act(gate) * up, then down. activation "silu" or "gelu_tanh".
+struct DenseMlp {
+  PackedLinear gate_up, down;
+  std::string activation;
+};
+
+// layers/moe.py's SparseMoe on packed experts: a float32 softmax router over router [E, H],
+// the top k (renormalised where norm_topk_prob), the experts by fused_moe, and Qwen2-MoE's
+// shared expert scaled by sigmoid(shared_gate · x).
+struct MoeMlp {
+  at::Tensor router;
+  int64_t top_k;
+  bool norm_topk_prob;
+  std::vector<at::Tensor> gate_up;
+  at::Tensor down;
+  std::optional<DenseMlp> shared_expert;
+  std::optional<at::Tensor> shared_gate;  // [1, H]
+};
+
+// Where a layer's norms sit:
+// - "pre" (Llama): norms = {input, post_attention}; each sublayer's input normalised, the
+//   residual add fused into the norm (the stream handed on as (hidden, residual));
+// - "sandwich" (Gemma 2/3): norms = {input, post_attention, pre_feedforward,
+//   post_feedforward} as (1 + w); each sublayer's input and output normalised, the output
+//   added to the stream (handed on as hidden alone).
+struct LayerSpec {
+  std::string placement;
+  std::vector<at::Tensor> norms;
+  double eps;
+  AttentionSpec attention;
+  std::optional<DenseMlp> mlp;
+  std::optional<MoeMlp> moe;  // exactly one of mlp and moe
+};
+
 // The intermediate tensors of one step's rows, kept for a row count and reused by every layer
 // of a stack and by the steps after while the count stays (every decode step of one stream):
 // a layer's dozen allocations and views cost about as much as its small kernels at one row.
@@ -54,51 +111,34 @@ struct StepBuffers {
   at::Tensor views_of;  // the qkv that q, k and v view: the buffer, or a fallback's own tensor
 };
 
-class LlamaLayer {
+// One layer's step: -> (hidden, residual) as the Python layer returns them (residual
+// undefined after a sandwich layer, whose hidden is the stream). hidden and residual are
+// updated in place where the Python path does so. The intermediates go to buffers; the
+// returned hidden is a buffer where the last kernel wrote it there, a new tensor if
+// fresh_output.
+std::tuple<at::Tensor, at::Tensor> decoder_layer_forward(
+    const LayerSpec& layer, StepBuffers& buffers, bool fresh_output, const at::Tensor& positions,
+    at::Tensor hidden, std::optional<at::Tensor> residual, at::Tensor& key_cache,
+    at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens);
+
+void check_layer(const LayerSpec& layer);
+
+// A run of layers with their KV caches, called once per step for all of them: one pybind11
+// call and one release of the GIL for the whole stack instead of one per layer, so that the
+// event loop's thread (HTTP, streaming) cannot hold the model thread up between layers.
+// kv_groups[i] says which of the step's KV groups holds layer i's cache: slot_mappings
+// [groups, T] and block_tables [groups, num_seqs, max_blocks] hold every group's. Steps of up
+// to kBufferedRows rows keep their intermediates in one StepBuffers; one caller at a time.
+class DecoderStack {
  public:
-  LlamaLayer(at::Tensor input_norm, at::Tensor post_norm, double eps, PackedLinear qkv,
-             PackedLinear o_proj, PackedLinear gate_up, PackedLinear down, int64_t num_heads,
-             int64_t num_kv_heads, int64_t head_dim, at::Tensor cos_sin, double scale);
+  DecoderStack(std::vector<LayerSpec> layers, std::vector<at::Tensor> key_caches,
+               std::vector<at::Tensor> value_caches, std::vector<int64_t> kv_groups);
 
-  // -> (hidden, residual), as LlamaDecoderLayer.forward returns them; residual None on the
-  // first layer. hidden and residual are updated in place where the Python path does so. The
-  // intermediates go to buffers (emptied first if they were kept for other rows or sizes); the
-  // returned hidden is buffers.down where down's packed kernel wrote it, a new tensor if
-  // fresh_output.
-  std::tuple<at::Tensor, at::Tensor> forward(StepBuffers& buffers, bool fresh_output,
-                                             const at::Tensor& positions, at::Tensor hidden,
-                                             std::optional<at::Tensor> residual,
-                                             at::Tensor& key_cache, at::Tensor& value_cache,
-                                             const at::Tensor& slot_mapping,
-                                             const at::Tensor& block_tables,
-                                             const at::Tensor& query_start_loc,
-                                             const at::Tensor& seq_lens) const;
-
- private:
-  void fit(StepBuffers& buffers, const at::Tensor& hidden) const;
-
-  at::Tensor input_norm_, post_norm_;
-  double eps_;
-  PackedLinear qkv_, o_proj_, gate_up_, down_;
-  int64_t num_heads_, num_kv_heads_, head_dim_;
-  at::Tensor cos_sin_;
-  double scale_;
-};
-
-// A run of LlamaLayers with their KV caches, called once per step for all of them: one
-// pybind11 call and one release of the GIL for the whole stack instead of one per layer, so
-// that the event loop's thread (HTTP, streaming) cannot hold the model thread up between
-// layers. The layers share one KV group's slot mapping and tables. Steps of up to
-// kBufferedRows rows keep their intermediates in one StepBuffers; one caller at a time.
-class LlamaStack {
- public:
-  LlamaStack(std::vector<LlamaLayer> layers, std::vector<at::Tensor> key_caches,
-             std::vector<at::Tensor> value_caches);
-
-  // -> (hidden, residual) after the last layer, as LlamaLayer::forward after each
+  // -> (hidden, residual) after the last layer, as decoder_layer_forward after each
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& positions, at::Tensor hidden,
                                              std::optional<at::Tensor> residual,
-                                             const at::Tensor& slot_mapping,
+                                             const at::Tensor& slot_mappings,
                                              const at::Tensor& block_tables,
                                              const at::Tensor& query_start_loc,
                                              const at::Tensor& seq_lens) const;
@@ -108,64 +148,11 @@ class LlamaStack {
   static constexpr int64_t kBufferedRows = 256;
 
  private:
-  std::vector<LlamaLayer> layers_;
+  std::vector<LayerSpec> layers_;
   std::vector<at::Tensor> key_caches_, value_caches_;
+  std::vector<int64_t> kv_groups_;
   mutable std::mutex mutex_;  // guards buffers_ (the model thread is the only caller)
   mutable StepBuffers buffers_;
-};
-
-// One Gemma 2 / Gemma 3 decoder layer (GemmaDecoderLayer.forward): (1 + w) RMSNorms before
-// and after each sublayer (the weights given as 1 + w), optional q/k norms (Gemma 3), a
-// sliding window or none, Gemma 2's attention softcap, and a GELU-tanh gated MLP, computed by
-// the same ATen ops as the Python path so that it is bitwise the same.
-struct GemmaNorms {
-  at::Tensor input, post_attention, pre_feedforward, post_feedforward;
-  std::optional<at::Tensor> q, k;  // per head, Gemma 3 only
-  double eps;
-};
-
-class GemmaLayer {
- public:
-  GemmaLayer(GemmaNorms norms, PackedLinear qkv, PackedLinear o_proj, PackedLinear gate_up,
-             PackedLinear down, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-             at::Tensor cos_sin, double scale, int64_t window, double softcap, int64_t kv_group);
-
-  // -> the residual stream after the layer (a new tensor)
-  at::Tensor forward(const at::Tensor& positions, const at::Tensor& hidden, at::Tensor& key_cache,
-                     at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens) const;
-
-  int64_t kv_group() const { return kv_group_; }
-
- private:
-  at::Tensor normed(const at::Tensor& x, const at::Tensor& weight) const;
-
-  GemmaNorms norms_;
-  PackedLinear qkv_, o_proj_, gate_up_, down_;
-  int64_t num_heads_, num_kv_heads_, head_dim_;
-  at::Tensor cos_sin_;
-  double scale_;
-  int64_t window_;  // 0: global attention
-  double softcap_;  // 0: none
-  int64_t kv_group_;  // which of the hybrid KV layout's groups holds this layer's cache
-};
-
-// GemmaLayers with their caches as one call a step (LlamaStack's reason). Local and global
-// layers live in different KV groups: slot_mappings [groups, T] and block_tables [groups,
-// num_seqs, max_blocks] hold every group's (one group: the step's own, unsqueezed).
-class GemmaStack {
- public:
-  GemmaStack(std::vector<GemmaLayer> layers, std::vector<at::Tensor> key_caches,
-             std::vector<at::Tensor> value_caches);
-
-  at::Tensor forward(const at::Tensor& positions, at::Tensor hidden, const at::Tensor& slot_mappings,
-                     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens) const;
-
- private:
-  std::vector<GemmaLayer> layers_;
-  std::vector<at::Tensor> key_caches_, value_caches_;
 };
 
 }  // namespace pyserve::cpu

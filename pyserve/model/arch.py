@@ -54,8 +54,7 @@ class ModelArch:
         if not archs:
             raise ModelLoadError("config.json names no 'architectures'")
         arch = archs[0]
-        if arch in _GEMMA_DEFAULTS:
-            cfg = _gemma_config(arch, cfg)
+        cfg = _family_keys(arch, cfg)
         try:
             num_heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -133,6 +132,18 @@ def fill_original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
         scaling["factor"] = int(cfg["max_position_embeddings"]) / int(scaling["original_max_position_embeddings"])
 
 
+def _family_keys(architecture: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json as the shared reader takes it: a family whose checkpoints leave keys out or
+    nest them (Gemma's text_config) fills them in by its module's hf_config(architecture, cfg)."""
+    from pyserve.model.registry import GEMMA_ARCHITECTURES
+
+    if architecture in GEMMA_ARCHITECTURES:
+        from pyserve.model.models.gemma import hf_config
+
+        return hf_config(architecture, cfg)
+    return cfg
+
+
 def _family_config(architecture: str, cfg: dict[str, Any]):
     """models/<family>.py's family_config(cfg), for a family that has one."""
     import importlib
@@ -160,10 +171,7 @@ def _float_or_none(value) -> float | None:
 def _layer_types(arch: str, cfg: dict[str, Any], num_layers: int) -> tuple[str, ...] | None:
     """Which layers slide: the config's list, else the architecture's rule (transformers')."""
     types = cfg.get("layer_types")
-    if types is None and arch in _GEMMA_DEFAULTS:  # every Nth layer global, the others local
-        pattern = int(cfg.get("sliding_window_pattern") or (2 if arch.startswith("Gemma2") else 6))
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-    elif types is None and arch.startswith("Qwen"):
+    if types is None and arch.startswith("Qwen"):
         first = int(cfg.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     if types is None:
@@ -172,48 +180,3 @@ def _layer_types(arch: str, cfg: dict[str, Any], num_layers: int) -> tuple[str, 
         raise ModelLoadError(f"config.json: layer_types must name 'sliding_attention' or "
                              f"'full_attention' for each of the {num_layers} layers")
     return tuple(types)
-
-
-# transformers' defaults for the keys a Gemma config.json may leave out (Gemma 3 multimodal
-# checkpoints give only a few in text_config)
-_GEMMA3 = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-               num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-               max_position_embeddings=131_072, rms_norm_eps=1e-6, tie_word_embeddings=True,
-               query_pre_attn_scalar=256, sliding_window=4096, rope_theta=1_000_000.0,
-               rope_local_base_freq=10_000.0, hidden_activation="gelu_pytorch_tanh",
-               bos_token_id=2, eos_token_id=1)
-_GEMMA_DEFAULTS = {
-    "Gemma3ForCausalLM": _GEMMA3,
-    "Gemma3ForConditionalGeneration": _GEMMA3,
-    "Gemma2ForCausalLM": {**_GEMMA3, "vocab_size": 256_000, "max_position_embeddings": 8192,
-                          "rope_theta": 10_000.0, "rope_local_base_freq": None,
-                          "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
-}
-
-
-def _gemma_config(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The text model's keys, flat: a multimodal Gemma 3's text_config (its vision tower is not
-    served), defaults filled in, and rope_parameters keyed by layer type (transformers 5) split
-    into the global rope and the local base."""
-    if arch == "Gemma3ForConditionalGeneration":
-        text = dict(cfg.get("text_config") or {})
-        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
-            if key not in text and key in cfg:
-                text[key] = cfg[key]
-        cfg = {**text, "architectures": [arch]}
-    defaults = _GEMMA_DEFAULTS[arch]
-    cfg = {**defaults, **cfg}
-    for key in ("rope_theta", "rope_local_base_freq"):  # written as null by some savers
-        if cfg.get(key) is None:
-            cfg[key] = defaults[key]
-    rope = cfg.get("rope_parameters") or {}
-    if "full_attention" in rope:
-        glob, local = dict(rope["full_attention"] or {}), dict(rope.get("sliding_attention") or {})
-        if local.get("rope_type", "default") != "default":
-            raise ModelLoadError(f"rope scaling '{local['rope_type']}' on sliding layers is not supported")
-        cfg["rope_theta"] = glob.pop("rope_theta", cfg["rope_theta"])
-        cfg["rope_local_base_freq"] = local.get("rope_theta", cfg["rope_local_base_freq"])
-        cfg["rope_parameters"] = glob
-    elif "rope_theta" in rope:  # one rope for all layers (Gemma 2): not the default filled in above
-        cfg["rope_theta"] = rope["rope_theta"]
-    return cfg

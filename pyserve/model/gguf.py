@@ -49,9 +49,6 @@ _ARCHITECTURES = {
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "olmoe": ("OlmoeForCausalLM", "olmoe"),
 }
-# llama.cpp's graph for each MoE architecture renormalises the top-k weights (qwen3moe and
-# Mixtral's llama) or not (qwen2moe, olmoe), whatever the original config said
-_NORM_TOPK = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False}
 _GEMMA = ("gemma2", "gemma3")
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
@@ -158,11 +155,16 @@ def _config(reader) -> tuple[dict, str]:
     }
     if gguf_arch in ("qwen2", "qwen2moe"):
         cfg["attention_bias"] = True
+    # a family's own keys are read by its module (models/<family>.py: gguf_config)
     if int(get("expert_count", 0) or 0) > 0:
-        cfg.update(_moe_config(reader, gguf_arch, cfg))
+        from pyserve.model.models import moe
+
+        cfg.update(moe.gguf_config(get, gguf_arch, cfg, {t.name for t in reader.tensors}))
     factor = get("rope.scaling.factor")
     if gguf_arch in _GEMMA:
-        cfg.update(_gemma_config(reader, gguf_arch, cfg))
+        from pyserve.model.models import gemma
+
+        cfg.update(gemma.gguf_config(get, gguf_arch, cfg))
     elif factor is not None and get("rope.scaling.type") in ("llama3", None):
         cfg["rope_scaling"] = {
             "rope_type": "llama3",
@@ -184,43 +186,6 @@ def _config(reader) -> tuple[dict, str]:
         if freqs is not None:
             cfg["rope_scaling"] = _scaling_from_rope_freqs(freqs.data, cfg["head_dim"], cfg["rope_theta"])
     return cfg, gguf_arch
-
-
-def _moe_config(reader, gguf_arch: str, cfg: dict) -> dict:
-    """A mixture of experts' keys (models/moe.py reads them). llama.cpp's layers without a
-    router (ffn_gate_inp) are dense; its graphs fix whether the top-k weights are
-    renormalised (_NORM_TOPK)."""
-    def get(key, default=None):
-        return _field(reader, f"{gguf_arch}.{key}", default)
-
-    if gguf_arch not in _NORM_TOPK:
-        raise ModelLoadError(f"GGUF architecture '{gguf_arch}' with experts is not supported")
-    names = {t.name for t in reader.tensors}
-    per_expert = sorted(n for n in names if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", n))
-    if per_expert:
-        raise ModelLoadError(
-            f"this GGUF stores each expert as a tensor of its own ({per_expert[0]}, an early "
-            "llama.cpp layout); pyserve reads the merged ffn_*_exps tensors: convert it again "
-            "with a current llama.cpp")
-    experts = int(get("expert_count"))
-    expert_size = int(get("expert_feed_forward_length", 0) or cfg["intermediate_size"])
-    moe = {"num_experts": experts, "num_local_experts": experts,
-           "num_experts_per_tok": int(get("expert_used_count")),
-           "norm_topk_prob": _NORM_TOPK[gguf_arch]}
-    if gguf_arch == "llama":
-        moe.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
-                   intermediate_size=expert_size)
-        return moe
-    if gguf_arch == "olmoe":
-        moe["intermediate_size"] = expert_size
-        return moe
-    moe["moe_intermediate_size"] = expert_size
-    moe["decoder_sparse_step"] = 1
-    moe["mlp_only_layers"] = [i for i in range(cfg["num_hidden_layers"])
-                              if f"blk.{i}.ffn_gate_inp.weight" not in names]
-    if gguf_arch == "qwen2moe":
-        moe["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
-    return moe
 
 
 def _scaling_from_rope_freqs(data, head_dim: int, theta: float) -> dict | None:
@@ -255,36 +220,6 @@ def _scaling_from_rope_freqs(data, head_dim: int, theta: float) -> dict | None:
         if np.allclose(llama3_factors(head_dim, theta, scaling).numpy(), factors, rtol=1e-5, atol=0):
             return scaling
     return {"rope_type": "rope_freqs", "factors": [float(f) for f in factors]}
-
-
-def _gemma_config(reader, gguf_arch: str, cfg: dict) -> dict:
-    """Gemma's keys that the GGUF carries, and llama.cpp's rules for the ones it does not
-    (transformers fills those with its config defaults instead; they agree except for the
-    attention scale of a model whose head_dim is not 256)."""
-    def get(key, default=None):
-        return _field(reader, f"{gguf_arch}.{key}", default)
-
-    num_layers, head_dim = cfg["num_hidden_layers"], cfg["head_dim"]
-    gemma = {
-        "hidden_act": "gelu_pytorch_tanh",
-        "hidden_activation": "gelu_pytorch_tanh",
-        # llama.cpp scales scores by head_dim ** -0.5, except in Gemma 3 27B (62 layers) and
-        # Gemma 2 27B (46 layers), whose checkpoints use hidden / heads
-        "query_pre_attn_scalar": (cfg["hidden_size"] // cfg["num_attention_heads"]
-                                  if num_layers in (46, 62) else head_dim),
-        "sliding_window": int(get("attention.sliding_window", 4096)),
-        "sliding_window_pattern": int(get("attention.sliding_window_pattern",
-                                          2 if gguf_arch == "gemma2" else 6)),
-    }
-    if gguf_arch == "gemma2":
-        gemma["attn_logit_softcapping"] = float(get("attn_logit_softcapping", 50.0))
-        gemma["final_logit_softcapping"] = float(get("final_logit_softcapping", 30.0))
-    else:
-        gemma["rope_local_base_freq"] = 10_000.0  # llama.cpp's constant for the local layers
-        factor = get("rope.scaling.factor")
-        if factor is not None and get("rope.scaling.type", "linear") == "linear":
-            gemma["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
-    return gemma
 
 
 def _end_of_turn_ids(reader, gguf_arch: str) -> list[int]:

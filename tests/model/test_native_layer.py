@@ -1,8 +1,10 @@
-"""The decoder layers' native path (csrc/cpu/decoder_layer.cpp: each layer one call, and the
-whole stack of them one call a step) against the layers' Python path: the same kernels in the
-same order, so bitwise the same logprobs, for decode steps and for a prefill long enough to
-take the BLAS branch of the linear layers; for the Llama family, Gemma 2 and 3 (local and
-global layers in two KV groups), and a K-quant GGUF whose merged qkv is packed per part."""
+"""The decoder layers' native path (csrc/cpu/decoder_layer.cpp: layer specs built by
+layers/native.py, each layer one call, and the whole stack of them one call a step) against
+the layers' Python path: the same kernels in the same order, so bitwise the same logprobs,
+for decode steps and for a prefill long enough to take the BLAS branch of the linear layers;
+for the Llama family (per-head q/k norms, sliding windows, layers without rope), Gemma 2 and 3
+(local and global layers in two KV groups), the mixtures of experts (dense layers among MoE
+ones, a shared expert, q/k normalised over the projection) and K-quant GGUFs."""
 
 import pytest
 
@@ -16,7 +18,10 @@ def _run(llm, prompts):
             for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "mistral"])  # qwen2: qkv bias
+# qwen2: qkv bias; qwen3: per-head q/k norms; smollm3: layers without rope; the MoE ones: their
+# experts (qwen2moe: a shared expert, dense layers; olmoe: q/k norms over the projection)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama3", "mistral", "mistral-sw", "qwen3", "smollm3",
+                                  "qwen3moe", "qwen2moe", "mixtral", "olmoe"])
 def test_native_layer_equals_python_layer(tiny_model_factory, arch):
     llm = LLM(str(tiny_model_factory(arch)), max_num_batched_tokens=512)
     layers = llm.engine.executor.runner.model.model.layers
@@ -42,7 +47,7 @@ def test_native_gemma_stack_equals_python_layers(tiny_model_factory, arch):
     native = _run(llm, prompts)
     assert decoder.native_stack(runner.kv_caches) is not None  # the stack ran
     for layer in decoder.own_layers:
-        layer.native_layer = None
+        layer.native = None
     assert _run(llm, prompts) == native
     assert decoder.native_stack(runner.kv_caches) is None
 
@@ -63,9 +68,12 @@ def test_native_stack_takes_a_merged_layer_packed_per_part(tmp_path):
     assert _run(llm, prompts) == native
 
 
-def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory):
-    llm = LLM(str(tiny_model_factory("qwen3")))  # q/k norm
-    assert all(layer.native is None for layer in llm.engine.executor.runner.model.model.layers)
+@pytest.mark.parametrize("arch", ["granite", "olmo2"])  # residual multipliers; norms after sublayers
+def test_layers_the_native_path_cannot_take_stay_in_python(tiny_model_factory, arch):
+    llm = LLM(str(tiny_model_factory(arch)))
+    decoder = llm.engine.executor.runner.model.model
+    assert all(layer.native is None for layer in decoder.layers)
+    assert decoder.native_stack(llm.engine.executor.runner.kv_caches) is None
 
 
 def test_native_stack_reuses_its_step_buffers_bitwise(tiny_model_factory, monkeypatch):
@@ -91,3 +99,23 @@ def test_native_stack_reuses_its_step_buffers_bitwise(tiny_model_factory, monkey
     for layer in decoder.layers:
         layer.native = None
     assert run() == stacked
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_native_stack_runs_a_quantized_moe_gguf_as_its_python_layers(tmp_path, activations):
+    """A tiny Qwen3-MoE GGUF (experts in their K-quant blocks, one layer's gate and up in two
+    types) through the native stack: bitwise its Python layers, with exact or int8 activations."""
+    from make_tiny_gguf import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path / "tiny-moe.gguf", "mixed", arch="qwen3moe")
+    llm = LLM(str(path), download_dir=str(tmp_path), gguf_activations=activations,
+              max_num_batched_tokens=512)
+    runner = llm.engine.executor.runner
+    decoder = runner.model.model
+    assert all(layer.native is not None for layer in decoder.layers)
+    prompts = [list(range(3, 3 + PACKED_MAX_ROWS + 40)), [5, 6, 7]]
+    native = _run(llm, prompts)
+    assert decoder.native_stack(runner.kv_caches) is not None
+    for layer in decoder.layers:
+        layer.native = None
+    assert _run(llm, prompts) == native

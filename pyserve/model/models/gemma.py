@@ -16,16 +16,18 @@ How they differ from the Llama family (llama.py), as transformers computes them:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from pyserve import _native
+from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import gelu_tanh_and_mul
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.layers.embedding import VocabParallelEmbedding
-from pyserve.model.layers.linear import native_linear
+from pyserve.model.layers.native import NativeStack, layer_spec, step_tables
 from pyserve.model.layers.norm import GemmaRMSNorm
 from pyserve.model.layers.parallel import WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -66,35 +68,26 @@ class GemmaDecoderLayer(nn.Module):
         self.mlp = gemma_mlp(arch, dtype, tp)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
         self.tp = tp
-        # kv_group -> the whole layer as one native call (make_native); the group, which
-        # names the block tables of the layer's cache, is known once the caches are
-        self.native_layer = None
+        self.native = None  # the layer's native spec (make_native), None: it runs in Python
 
     def make_native(self) -> None:
-        """As LlamaDecoderLayer.make_native: one native call (_native.GemmaLayer, the same
-        ops in the same order) where the layer has one rank, packed weights and no bias
-        outside qkv. Called after weights_loaded, so the norms' 1 + w are known."""
-        attn, mlp = self.self_attn, self.mlp
-        linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                              mlp.down_proj)]
+        """As LlamaDecoderLayer.make_native, with the norms around each sublayer. Called after
+        weights_loaded, so the norms' 1 + w are known."""
+        if self.tp.size != 1 or type(self).forward is not GemmaDecoderLayer.forward:
+            return
+        eps = self.input_layernorm.eps
         norms = [self.input_layernorm, self.post_attention_layernorm,
                  self.pre_feedforward_layernorm, self.post_feedforward_layernorm]
-        if attn.q_norm is not None:
-            norms += [attn.q_norm, attn.k_norm]
-        if (self.tp.size != 1 or None in linears
-                or any(n.frozen_scale is None or n.eps != norms[0].eps for n in norms)
-                or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
-            return
-        self.native_layer = lambda kv_group: _native.GemmaLayer(
-            [n.frozen_scale for n in norms[:4]],
-            attn.q_norm.frozen_scale if attn.q_norm is not None else None,
-            attn.k_norm.frozen_scale if attn.k_norm is not None else None,
-            norms[0].eps, *linears, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-            attn.rotary.cos_sin, attn.attn.scale, attn.attn.window or 0, attn.attn.softcap or 0.0,
-            kv_group)
+        self.native = layer_spec("sandwich", norms, eps, self.self_attn.native_spec(eps),
+                                 mlp=self.mlp.native_spec())
 
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
         """hidden: the residual stream [T, hidden_size] -> the next layer's."""
+        if self.native is not None:
+            slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
+            return _native.decoder_layer(self.native, positions, hidden, None, kv_cache[0],
+                                         kv_cache[1], slot_mapping, block_tables,
+                                         meta.query_start_loc, meta.seq_lens)[0]
         attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
         hidden = hidden + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
@@ -125,22 +118,11 @@ class GemmaModel(nn.Module):
         self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
         if stage.is_last:
             self.norm = GemmaRMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
-        self._stack = None  # (caches, layers' native calls, the stack or None): native_stack
+        self._native_stack = NativeStack()
 
     def native_stack(self, kv_caches: list[KVCache]):
-        """This stage's layers as one native call on these caches (_native.GemmaStack), or
-        None where a layer is not native. Built on the first step (the caches, and so each
-        layer's KV group, come after the weights), again if the caches or a layer change."""
-        natives = [layer.native_layer for layer in self.own_layers]
-        if (self._stack is None or self._stack[0] is not kv_caches
-                or any(a is not b for a, b in zip(self._stack[1], natives))):
-            stack = None
-            if natives and len(kv_caches) == len(natives) and None not in natives:
-                stack = _native.GemmaStack(
-                    [make(getattr(cache, "group", 0)) for make, cache in zip(natives, kv_caches)],
-                    [cache[0] for cache in kv_caches], [cache[1] for cache in kv_caches])
-            self._stack = (kv_caches, natives, stack)
-        return self._stack[2]
+        """This stage's layers as one native call on these caches (layers/native.py), or None."""
+        return self._native_stack(self.own_layers, kv_caches)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
                 carried: tuple[torch.Tensor, ...] | None = None):
@@ -152,16 +134,91 @@ class GemmaModel(nn.Module):
             (hidden,) = carried
         stack = self.native_stack(kv_caches)
         if stack is not None:
-            if meta.group_block_tables is None:  # one KV group
-                slots, tables = meta.slot_mapping.unsqueeze(0), meta.block_tables.unsqueeze(0)
-            else:
-                slots, tables = meta.group_slot_mapping, meta.group_block_tables
-            hidden = stack.forward(positions, hidden, slots, tables, meta.query_start_loc,
-                                   meta.seq_lens)
+            hidden, _ = stack.forward(positions, hidden, None, *step_tables(meta),
+                                      meta.query_start_loc, meta.seq_lens)
         else:
             for layer, kv_cache in zip(self.own_layers, kv_caches):
                 hidden = layer(positions, hidden, kv_cache, meta)
         return self.norm(hidden) if self.stage.is_last else (hidden,)
+
+
+# transformers' defaults for the keys a Gemma config.json may leave out (Gemma 3 multimodal
+# checkpoints give only a few in text_config)
+_GEMMA3 = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+               num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+               max_position_embeddings=131_072, rms_norm_eps=1e-6, tie_word_embeddings=True,
+               query_pre_attn_scalar=256, sliding_window=4096, rope_theta=1_000_000.0,
+               rope_local_base_freq=10_000.0, hidden_activation="gelu_pytorch_tanh",
+               bos_token_id=2, eos_token_id=1)
+_GEMMA_DEFAULTS = {
+    "Gemma3ForCausalLM": _GEMMA3,
+    "Gemma3ForConditionalGeneration": _GEMMA3,
+    "Gemma2ForCausalLM": {**_GEMMA3, "vocab_size": 256_000, "max_position_embeddings": 8192,
+                          "rope_theta": 10_000.0, "rope_local_base_freq": None,
+                          "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+}
+
+
+def hf_config(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json's keys as model/arch.py reads them: the text model's, flat (a multimodal
+    Gemma 3's text_config; its vision tower is not served), transformers' defaults filled in,
+    rope_parameters keyed by layer type (transformers 5) split into the global rope and the
+    local base, and layer_types by Gemma's rule where the config has none (every Nth layer
+    global, the others local)."""
+    if arch == "Gemma3ForConditionalGeneration":
+        text = dict(cfg.get("text_config") or {})
+        for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+            if key not in text and key in cfg:
+                text[key] = cfg[key]
+        cfg = {**text, "architectures": [arch]}
+    defaults = _GEMMA_DEFAULTS[arch]
+    cfg = {**defaults, **cfg}
+    for key in ("rope_theta", "rope_local_base_freq"):  # written as null by some savers
+        if cfg.get(key) is None:
+            cfg[key] = defaults[key]
+    rope = cfg.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        glob, local = dict(rope["full_attention"] or {}), dict(rope.get("sliding_attention") or {})
+        if local.get("rope_type", "default") != "default":
+            raise ModelLoadError(f"rope scaling '{local['rope_type']}' on sliding layers is not supported")
+        cfg["rope_theta"] = glob.pop("rope_theta", cfg["rope_theta"])
+        cfg["rope_local_base_freq"] = local.get("rope_theta", cfg["rope_local_base_freq"])
+        cfg["rope_parameters"] = glob
+    elif "rope_theta" in rope:  # one rope for all layers (Gemma 2): not the default filled in above
+        cfg["rope_theta"] = rope["rope_theta"]
+    if cfg.get("layer_types") is None:
+        pattern = int(cfg.get("sliding_window_pattern") or (2 if arch.startswith("Gemma2") else 6))
+        cfg["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                              for i in range(int(cfg["num_hidden_layers"]))]
+    return cfg
+
+
+def gguf_config(get, gguf_arch: str, cfg: dict) -> dict:
+    """Gemma's config.json keys from a GGUF's metadata (get(key, default): the value of
+    "{gguf_arch}.{key}"), and llama.cpp's rules for the ones it does not carry (transformers
+    fills those with its config defaults instead; they agree except for the attention scale of
+    a model whose head_dim is not 256)."""
+    num_layers, head_dim = cfg["num_hidden_layers"], cfg["head_dim"]
+    gemma = {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        # llama.cpp scales scores by head_dim ** -0.5, except in Gemma 3 27B (62 layers) and
+        # Gemma 2 27B (46 layers), whose checkpoints use hidden / heads
+        "query_pre_attn_scalar": (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                  if num_layers in (46, 62) else head_dim),
+        "sliding_window": int(get("attention.sliding_window", 4096)),
+        "sliding_window_pattern": int(get("attention.sliding_window_pattern",
+                                          2 if gguf_arch == "gemma2" else 6)),
+    }
+    if gguf_arch == "gemma2":
+        gemma["attn_logit_softcapping"] = float(get("attn_logit_softcapping", 50.0))
+        gemma["final_logit_softcapping"] = float(get("final_logit_softcapping", 30.0))
+    else:
+        gemma["rope_local_base_freq"] = 10_000.0  # llama.cpp's constant for the local layers
+        factor = get("rope.scaling.factor")
+        if factor is not None and get("rope.scaling.type", "linear") == "linear":
+            gemma["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    return gemma
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

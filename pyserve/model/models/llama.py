@@ -18,8 +18,9 @@ from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from pyserve.model.layers.linear import (ColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
-                                         native_linear)
+from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pyserve.model.layers.native import (NativeStack, attention_spec, dense_mlp_spec, layer_spec,
+                                         step_tables)
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -70,6 +71,13 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v, kv_cache, meta))
 
+    def native_spec(self, eps: float):
+        """The native twin of this forward (layers/native.py), or None; a subclass that
+        computes otherwise has none unless it says so."""
+        if type(self).forward is not LlamaAttention.forward:
+            return None
+        return attention_spec(self, "per_head", eps)
+
 
 class ProjectionNormedAttention(LlamaAttention):
     """OLMo 2's and OLMoE's attention: q and k RMS-normalised over all their heads at once,
@@ -92,6 +100,11 @@ class ProjectionNormedAttention(LlamaAttention):
         q, k = self.rotary(positions, q, k)
         return self.o_proj(self.attn(q, k, v, kv_cache, meta))
 
+    def native_spec(self, eps: float):
+        if type(self).forward is not ProjectionNormedAttention.forward:
+            return None
+        return attention_spec(self, "projection", eps)
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype, tp: TPGroup, activation=silu_and_mul):
@@ -105,6 +118,9 @@ class LlamaMLP(nn.Module):
     def forward(self, x):
         return self.down_proj(self.activation(self.gate_up_proj(x)))
 
+    def native_spec(self):
+        return dense_mlp_spec(self) if type(self).forward is LlamaMLP.forward else None
+
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
@@ -115,31 +131,28 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(arch, dtype, tp)
         self.tp = tp
-        self.native = None  # the whole layer in one native call (make_native)
+        self.native = None  # the layer's native spec (make_native), None: it runs in Python
 
     def make_native(self) -> None:
-        """Runs the layer as one call into the extension (the same kernels in the same order,
-        without the Python between them) where it can: one rank, packed weights on the CPU,
-        no q/k norm, biases on qkv only, no sliding window."""
-        attn, mlp = self.self_attn, self.mlp
-        linears = [native_linear(l) for l in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
-                                              mlp.down_proj)]
-        if (self.tp.size != 1 or attn.q_norm is not None or attn.attn.window is not None
-                or not isinstance(attn.rotary, RotaryEmbedding)  # the kernel's: neox, whole heads
-                or None in linears
-                or any(l.bias is not None for l in (attn.o_proj, mlp.gate_up_proj, mlp.down_proj))):
+        """The layer as a native spec (layers/native.py: the same kernels in the same order,
+        bitwise this forward) where every piece has one: one rank, the weights packed for the
+        CPU, no bias outside qkv, the neox rope or none. Called once the weights are packed."""
+        if self.tp.size != 1 or type(self).forward is not LlamaDecoderLayer.forward:
             return
-        self.native = _native.LlamaLayer(
-            self.input_layernorm.weight, self.post_attention_layernorm.weight,
-            self.input_layernorm.eps, *linears, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-            attn.rotary.cos_sin, attn.attn.scale)
+        eps = self.input_layernorm.eps
+        self.native = layer_spec("pre", [self.input_layernorm, self.post_attention_layernorm], eps,
+                                 self.self_attn.native_spec(eps), **self.native_mlp())
+
+    def native_mlp(self) -> dict:
+        """layer_spec's mlp (or moe) argument: this layer's MLP's native twin."""
+        return {"mlp": self.mlp.native_spec()}
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
         if self.native is not None:
             slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
-            return self.native.forward(positions, hidden, residual, kv_cache[0], kv_cache[1],
-                                       slot_mapping, block_tables, meta.query_start_loc,
-                                       meta.seq_lens)
+            return _native.decoder_layer(self.native, positions, hidden, residual, kv_cache[0],
+                                         kv_cache[1], slot_mapping, block_tables,
+                                         meta.query_start_loc, meta.seq_lens)
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -180,7 +193,7 @@ class LlamaModel(nn.Module):
         self.own_layers = [m for m in self.layers if not isinstance(m, AbsentLayer)]
         if stage.is_last:
             self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype)
-        self._stack = None  # (caches, layers' native calls, the stack or None): native_stack
+        self._native_stack = NativeStack()
 
     def make_layer(self, arch: ModelArch, rotary: RotaryEmbedding, dtype: torch.dtype, tp: TPGroup,
                    i: int) -> nn.Module:
@@ -192,20 +205,9 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def native_stack(self, kv_caches: list[KVCache]):
-        """This stage's layers as one native call on these caches (_native.LlamaStack), or
-        None where a layer is not native or the caches span KV groups. Built on the first step
-        (the caches come after the weights), again if the caches or a layer's native call
-        change; it holds the caches it was built on until then."""
-        natives = [layer.native for layer in self.own_layers]
-        if (self._stack is None or self._stack[0] is not kv_caches
-                or any(a is not b for a, b in zip(self._stack[1], natives))):
-            stack = None
-            if (natives and len(kv_caches) == len(natives) and None not in natives
-                    and len({getattr(cache, "group", 0) for cache in kv_caches}) == 1):
-                stack = _native.LlamaStack(natives, [cache[0] for cache in kv_caches],
-                                           [cache[1] for cache in kv_caches])
-            self._stack = (kv_caches, natives, stack)
-        return self._stack[2]
+        """This stage's layers as one native call on these caches, or None where a layer has
+        no native spec (layers/native.py's NativeStack)."""
+        return self._native_stack(self.own_layers, kv_caches)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], meta: AttentionMetadata,
                 carried: tuple[torch.Tensor, ...] | None = None):
@@ -215,8 +217,7 @@ class LlamaModel(nn.Module):
         hidden, residual = (self.embed(input_ids), None) if carried is None else carried
         stack = self.native_stack(kv_caches)
         if stack is not None:
-            slot_mapping, block_tables = meta.for_group(getattr(kv_caches[0], "group", 0))
-            hidden, residual = stack.forward(positions, hidden, residual, slot_mapping, block_tables,
+            hidden, residual = stack.forward(positions, hidden, residual, *step_tables(meta),
                                              meta.query_start_loc, meta.seq_lens)
         else:
             for layer, kv_cache in zip(self.own_layers, kv_caches):

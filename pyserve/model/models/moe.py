@@ -2,7 +2,7 @@
 a gated shared expert), Mixtral and OLMoE (q and k normalised over the whole projection). Each MoE layer's MLP is layers/moe.py's SparseMoe; layers
 the config keeps dense (mlp_only_layers, decoder_sparse_step) keep the Llama MLP.
 
-Their config reading lives here (moe_spec; a GGUF's keys are read by model/gguf.py).
+Their config reading lives here: moe_spec for config.json, gguf_config for a GGUF's metadata.
 Checkpoints name each expert's weights apart (experts.{e}.gate_proj / up_proj / down_proj,
 Mixtral's block_sparse_moe.experts.{e}.w1 / w3 / w2), stacked as transformers 5 holds them
 (experts.gate_up_proj, experts.down_proj) or stacked per projection as a GGUF holds them
@@ -24,6 +24,7 @@ import torch
 from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
+from pyserve.model.layers.native import moe_spec as moe_native_spec
 from pyserve.model.layers.quantized import GGUFExperts
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.models.llama import (LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel,
@@ -85,6 +86,45 @@ def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
                                        if qwen2 else None))
 
 
+# llama.cpp's graph for each MoE architecture renormalises the top-k weights (qwen3moe and
+# Mixtral's llama) or not (qwen2moe, olmoe), whatever the original config said
+_GGUF_NORM_TOPK = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False}
+
+
+def gguf_config(get, gguf_arch: str, cfg: dict, tensor_names: set[str]) -> dict:
+    """A MoE GGUF's config.json keys (moe_spec reads them), from its metadata (get(key,
+    default): the value of "{gguf_arch}.{key}") and its tensors' names. llama.cpp's layers
+    without a router (ffn_gate_inp) are dense; its graphs fix whether the top-k weights are
+    renormalised (_GGUF_NORM_TOPK)."""
+    if gguf_arch not in _GGUF_NORM_TOPK:
+        raise ModelLoadError(f"GGUF architecture '{gguf_arch}' with experts is not supported")
+    per_expert = sorted(n for n in tensor_names if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", n))
+    if per_expert:
+        raise ModelLoadError(
+            f"this GGUF stores each expert as a tensor of its own ({per_expert[0]}, an early "
+            "llama.cpp layout); pyserve reads the merged ffn_*_exps tensors: convert it again "
+            "with a current llama.cpp")
+    experts = int(get("expert_count"))
+    expert_size = int(get("expert_feed_forward_length", 0) or cfg["intermediate_size"])
+    moe = {"num_experts": experts, "num_local_experts": experts,
+           "num_experts_per_tok": int(get("expert_used_count")),
+           "norm_topk_prob": _GGUF_NORM_TOPK[gguf_arch]}
+    if gguf_arch == "llama":
+        moe.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   intermediate_size=expert_size)
+        return moe
+    if gguf_arch == "olmoe":
+        moe["intermediate_size"] = expert_size
+        return moe
+    moe["moe_intermediate_size"] = expert_size
+    moe["decoder_sparse_step"] = 1
+    moe["mlp_only_layers"] = [i for i in range(cfg["num_hidden_layers"])
+                              if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]
+    if gguf_arch == "qwen2moe":
+        moe["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+    return moe
+
+
 class MoeDecoderLayer(LlamaDecoderLayer):
     def __init__(self, arch: ModelArch, rotary, dtype: torch.dtype, tp: TPGroup, window: int | None):
         super().__init__(arch, rotary, dtype, tp, window)
@@ -97,8 +137,10 @@ class MoeDecoderLayer(LlamaDecoderLayer):
                               dtype, tp)
         self.mlp = SparseMoe(arch.hidden_size, spec, dtype, shared, tp)
 
-    def make_native(self) -> None:
-        """The experts have no native call yet: the layer runs in Python."""
+    def native_mlp(self) -> dict:
+        moe = self.mlp
+        shared = moe.shared_expert.native_spec() if moe.shared_expert is not None else None
+        return {"moe": moe_native_spec(moe, shared)}
 
 
 class MoeModel(LlamaModel):
