@@ -13,7 +13,9 @@ type (GB/s of packed weight read), over three layers of a 1B Llama's shapes (Tin
 2,048 and 5,632, multiples of the K-quants' 256), too large for the caches; and, on one thread
 with a 1,024 x 2,048 weight that stays in the caches, each type's dequantize-and-multiply
 rate in G weights/s (best of 200 calls): the kernel's own cost, which the memory hides at two
-threads for the cheap types and not for the 5- and 6-bit ones.
+threads for the cheap types and not for the 5- and 6-bit ones. Last, the prefill rate of each
+type's int8-activation kernel (--int8-rows, G multiply-adds/s) on a Qwen3-1.7B gate/up weight
+(6,144 x 2,048) and on one expert of Qwen3-30B-A3B (1,536 x 2,048), each on every thread.
 """
 
 from __future__ import annotations
@@ -125,11 +127,47 @@ def reader_rate() -> None:
     print(f"\nin-cache reader rate (1 row, 1 thread, {n} x {k}), G weights/s: " + "  ".join(cells), flush=True)
 
 
+INT8_SHAPES = {"1.7B gate/up 6144x2048": (6144, 2048), "30B-A3B expert 1536x2048": (1536, 2048)}
+
+
+def int8_prefill_rate(rows_list: list[int], repeats: int) -> None:
+    """G multiply-adds/s of each type's int8-activation kernel at these row counts (x
+    quantized per call, as a layer does)."""
+    if not rows_list or not _native.int8_dot_supported():
+        return
+    rng = np.random.default_rng(2)
+    print(f"\nint8 activations, G multiply-adds/s by rows ({torch.get_num_threads()} threads)")
+    for shape_name, (n, k) in INT8_SHAPES.items():
+        print(f"  {shape_name}: " + " ".join(f"{r:>7}" for r in rows_list))
+        for kind in GGUF_BLOCKS:
+            packed = _native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind, int8_activations=True)
+            if packed.dtype != torch.int8:
+                continue
+            cells = []
+            for rows in rows_list:
+                x, out = torch.randn(rows, k), torch.empty(rows, n)
+                _native.packed_linear(out, x, packed)
+                best = float("inf")
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    _native.packed_linear(out, x, packed)
+                    best = min(best, time.perf_counter() - start)
+                cells.append(f"{rows * n * k / best / 1e9:7.1f}")
+            print(f"    {kind:5}{' ' * max(0, len(shape_name) - 5)}  " + " ".join(cells), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.linear", description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,4,16,64,256,512")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--int8-rows", default="1,8,32,128,512",
+                   help="row counts of the int8 prefill table ('' skips it)")
+    p.add_argument("--int8-only", action="store_true", help="the int8 prefill table alone")
     args = p.parse_args()
+    int8_rows = [int(r) for r in args.int8_rows.split(",") if r]
+    if args.int8_only:
+        int8_prefill_rate(int8_rows, args.repeats)
+        return
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(LAYERS)]
@@ -172,6 +210,7 @@ def main() -> None:
         print(f"{rows:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
     decode_bandwidth(args.repeats)
     reader_rate()
+    int8_prefill_rate(int8_rows, args.repeats)
 
 
 if __name__ == "__main__":
