@@ -110,21 +110,30 @@ def reader_rate() -> None:
     x, out = torch.randn(1, k), torch.empty(1, n)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    cells = []
+    def best_rate(packed) -> float:
+        for _ in range(20):
+            _native.packed_linear(out, x, packed)
+        best = float("inf")
+        for _ in range(200):
+            start = time.perf_counter()
+            _native.packed_linear(out, x, packed)
+            best = min(best, time.perf_counter() - start)
+        return n * k / best / 1e9
+
+    cells, int8_cells = [], []
     try:
         for kind in GGUF_BLOCKS:
-            packed = _native.pack_gguf_weight(_random_blocks(kind, n, k, rng), k, kind)
-            for _ in range(20):
-                _native.packed_linear(out, x, packed)
-            best = float("inf")
-            for _ in range(200):
-                start = time.perf_counter()
-                _native.packed_linear(out, x, packed)
-                best = min(best, time.perf_counter() - start)
-            cells.append(f"{kind} {n * k / best / 1e9:5.1f}")
+            blocks = _random_blocks(kind, n, k, rng)
+            cells.append(f"{kind} {best_rate(_native.pack_gguf_weight(blocks, k, kind)):5.1f}")
+            if _native.int8_dot_supported():
+                packed = _native.pack_gguf_weight(blocks, k, kind, int8_activations=True)
+                if packed.dtype == torch.int8:
+                    int8_cells.append(f"{kind} {best_rate(packed):5.1f}")
     finally:
         torch.set_num_threads(threads)
     print(f"\nin-cache reader rate (1 row, 1 thread, {n} x {k}), G weights/s: " + "  ".join(cells), flush=True)
+    if int8_cells:
+        print("  the same with int8 activations: " + "  ".join(int8_cells), flush=True)
 
 
 INT8_SHAPES = {"1.7B gate/up 6144x2048": (6144, 2048), "30B-A3B expert 1536x2048": (1536, 2048)}
@@ -163,8 +172,12 @@ def main() -> None:
     p.add_argument("--int8-rows", default="1,8,32,128,512",
                    help="row counts of the int8 prefill table ('' skips it)")
     p.add_argument("--int8-only", action="store_true", help="the int8 prefill table alone")
+    p.add_argument("--readers-only", action="store_true", help="the in-cache reader rates alone")
     args = p.parse_args()
     int8_rows = [int(r) for r in args.int8_rows.split(",") if r]
+    if args.readers_only:
+        reader_rate()
+        return
     if args.int8_only:
         int8_prefill_rate(int8_rows, args.repeats)
         return
