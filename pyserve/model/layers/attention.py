@@ -34,6 +34,12 @@ class AttentionMetadata:
             raise ValueError(f"a layer of KV group {group}, but the step has one group's tables")
         return self.group_slot_mapping[group], self.group_block_tables[group]
 
+    def all_groups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every KV group's slot mappings [groups, T] and block tables [groups, seqs, blocks]."""
+        if self.group_block_tables is None:  # one KV group
+            return self.slot_mapping.unsqueeze(0), self.block_tables.unsqueeze(0)
+        return self.group_slot_mapping, self.group_block_tables
+
 
 class PagedAttention(nn.Module):
     """window: a sliding window (a query at position p sees keys p - window + 1 ..= p), None

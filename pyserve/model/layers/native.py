@@ -117,8 +117,9 @@ class NativeStack:
         return self._built[2]
 
 
-def step_tables(meta) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every KV group's slot mapping [groups, T] and block tables [groups, seqs, blocks]."""
-    if meta.group_block_tables is None:  # one KV group
-        return meta.slot_mapping.unsqueeze(0), meta.block_tables.unsqueeze(0)
-    return meta.group_slot_mapping, meta.group_block_tables
+def run_layer(spec, positions, hidden, residual, kv_cache, meta):
+    """One layer's native spec on its own (buffers of its own): -> (hidden, residual), the
+    residual None after a sandwich-normed layer."""
+    slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
+    return _native.decoder_layer(spec, positions, hidden, residual, kv_cache[0], kv_cache[1],
+                                 slot_mapping, block_tables, meta.query_start_loc, meta.seq_lens)

@@ -21,13 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from pyserve import _native
 from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import gelu_tanh_and_mul
 from pyserve.model.layers.attention import AttentionMetadata
 from pyserve.model.layers.embedding import VocabParallelEmbedding
-from pyserve.model.layers.native import NativeStack, layer_spec, step_tables
+from pyserve.model.layers.native import NativeStack, layer_spec, run_layer
 from pyserve.model.layers.norm import GemmaRMSNorm
 from pyserve.model.layers.parallel import WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -84,10 +83,7 @@ class GemmaDecoderLayer(nn.Module):
     def forward(self, positions, hidden, kv_cache: KVCache, meta: AttentionMetadata):
         """hidden: the residual stream [T, hidden_size] -> the next layer's."""
         if self.native is not None:
-            slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
-            return _native.decoder_layer(self.native, positions, hidden, None, kv_cache[0],
-                                         kv_cache[1], slot_mapping, block_tables,
-                                         meta.query_start_loc, meta.seq_lens)[0]
+            return run_layer(self.native, positions, hidden, None, kv_cache, meta)[0]
         attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
         hidden = hidden + self.post_attention_layernorm(attn)
         mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
@@ -134,7 +130,7 @@ class GemmaModel(nn.Module):
             (hidden,) = carried
         stack = self.native_stack(kv_caches)
         if stack is not None:
-            hidden, _ = stack.forward(positions, hidden, None, *step_tables(meta),
+            hidden, _ = stack.forward(positions, hidden, None, *meta.all_groups(),
                                       meta.query_start_loc, meta.seq_lens)
         else:
             for layer, kv_cache in zip(self.own_layers, kv_caches):

@@ -13,14 +13,13 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from pyserve import _native
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.activation import silu_and_mul
 from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyserve.model.layers.native import (NativeStack, attention_spec, dense_mlp_spec, layer_spec,
-                                         step_tables)
+                                         run_layer)
 from pyserve.model.layers.norm import RMSNorm
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
 from pyserve.model.layers.rotary import RotaryEmbedding
@@ -149,10 +148,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, kv_cache: KVCache, meta: AttentionMetadata):
         if self.native is not None:
-            slot_mapping, block_tables = meta.for_group(getattr(kv_cache, "group", 0))
-            return _native.decoder_layer(self.native, positions, hidden, residual, kv_cache[0],
-                                         kv_cache[1], slot_mapping, block_tables,
-                                         meta.query_start_loc, meta.seq_lens)
+            return run_layer(self.native, positions, hidden, residual, kv_cache, meta)
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -217,7 +213,7 @@ class LlamaModel(nn.Module):
         hidden, residual = (self.embed(input_ids), None) if carried is None else carried
         stack = self.native_stack(kv_caches)
         if stack is not None:
-            hidden, residual = stack.forward(positions, hidden, residual, *step_tables(meta),
+            hidden, residual = stack.forward(positions, hidden, residual, *meta.all_groups(),
                                              meta.query_start_loc, meta.seq_lens)
         else:
             for layer, kv_cache in zip(self.own_layers, kv_caches):
