@@ -3,13 +3,16 @@
     python -m benchmarks.shaped_gguf qwen3-30b-a3b OUT.gguf [--layers 8] [--types q4_k_m|q8_0]
     python -m benchmarks.shaped_gguf qwen3-1.7b OUT.gguf
     python -m benchmarks.shaped_gguf llama-3.2-3b OUT.gguf
+    python -m benchmarks.shaped_gguf qwen3.5-9b OUT.gguf [--layers 8]
 
 Each preset has the real model's hidden size, heads, expert shapes and vocabulary (--layers
 may cut the layer count so that a large model fits this machine). The weights are random
 blocks with sane scales (weights of about 0.02), written directly in their GGUF types: the
 gguf package quantizes Q8_0 but not the K-quants, and speed does not depend on the values.
 q4_k_m places types as llama.cpp's Q4_K_M does: Q6_K for the output and for attn_v and
-ffn_down (experts too) on the layers its use_more_bits picks, Q4_K elsewhere. The tokenizer is
+ffn_down (experts too) on the layers its use_more_bits picks, Q4_K elsewhere (the linear
+layers' small beta and alpha projections, their decay and convolution stay float32, as the
+converter leaves 1-D and tiny tensors). The tokenizer is
 byte-level BPE (the 256 byte tokens, a few hundred merges, fillers up to the vocabulary
 size): random prompts tokenize and every server reads it. Pass ignore_eos when serving it.
 """
@@ -39,6 +42,11 @@ class Shape:
     experts_used: int = 0
     expert_ffn: int = 0
     qk_norm: bool = False
+    # a linear-attention hybrid (qwen35): Gated DeltaNet key heads, value heads, their sizes,
+    # every full_attention_interval-th layer full (gated) attention with rope over rotary_dim
+    linear_heads: tuple[int, int, int, int] | None = None
+    full_attention_interval: int = 4
+    rotary_dim: int = 0
 
 
 PRESETS = {
@@ -46,6 +54,9 @@ PRESETS = {
                            experts=128, experts_used=8, expert_ffn=768, qk_norm=True),
     "qwen3-1.7b": Shape("qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 1e6, True, qk_norm=True),
     "llama-3.2-3b": Shape("llama", 3072, 28, 24, 8, 128, 8192, 128256, 5e5, True),
+    # Qwen3.5-9B (transformers' Qwen3_5TextConfig defaults): 16 key and 32 value heads of 128
+    "qwen3.5-9b": Shape("qwen35", 4096, 32, 16, 4, 256, 12288, 248320, 1e7, False, qk_norm=True,
+                        linear_heads=(16, 32, 128, 128), rotary_dim=64),
 }
 
 # bytes per block, weights per block, and how to give a block of random bytes sane scales
@@ -131,6 +142,16 @@ def write(shape: Shape, out: Path, types: str = "q4_k_m", seed: int = 0) -> Path
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.expert_ffn)
+    if shape.linear_heads:
+        key_heads, value_heads, key_dim, value_dim = shape.linear_heads
+        writer.add_ssm_conv_kernel(4)
+        writer.add_ssm_state_size(key_dim)
+        writer.add_ssm_group_count(key_heads)
+        writer.add_ssm_time_step_rank(value_heads)
+        writer.add_ssm_inner_size(value_heads * value_dim)
+        writer.add_full_attention_interval(shape.full_attention_interval)
+        writer.add_rope_dimension_count(shape.rotary_dim)
+        writer.add_rope_dimension_sections([11, 11, 10, 0])
     tokens, token_types, merges = _tokenizer(shape.vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2" if shape.arch.startswith("qwen") else "llama-bpe")
@@ -150,14 +171,33 @@ def write(shape: Shape, out: Path, types: str = "q4_k_m", seed: int = 0) -> Path
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     for i in range(shape.layers):
         tensors.append((f"blk.{i}.attn_norm.weight", 1, shape.hidden, None, 0))
-        tensors.append((f"blk.{i}.ffn_norm.weight", 1, shape.hidden, None, 0))
+        tensors.append((f"blk.{i}.{'post_attention_norm' if shape.linear_heads else 'ffn_norm'}.weight",
+                        1, shape.hidden, None, 0))
+        if shape.linear_heads and (i + 1) % shape.full_attention_interval:
+            key_heads, value_heads, key_dim, value_dim = shape.linear_heads
+            channels = 2 * key_heads * key_dim + value_heads * value_dim
+            weight(f"blk.{i}.attn_qkv.weight", channels, shape.hidden, "attn_qkv", i)
+            weight(f"blk.{i}.attn_gate.weight", value_heads * value_dim, shape.hidden, "attn_gate", i)
+            for name in ("ssm_beta", "ssm_alpha"):
+                tensors.append((f"blk.{i}.{name}.weight", value_heads, shape.hidden, None, 0))
+            tensors.append((f"blk.{i}.ssm_a", 1, value_heads, None, 0))
+            tensors.append((f"blk.{i}.ssm_dt.bias", 1, value_heads, None, 0))
+            tensors.append((f"blk.{i}.ssm_conv1d.weight", channels, 4, None, 0))
+            tensors.append((f"blk.{i}.ssm_norm.weight", 1, value_dim, None, 0))
+            weight(f"blk.{i}.ssm_out.weight", shape.hidden, value_heads * value_dim, "ssm_out", i)
+            weight(f"blk.{i}.ffn_gate.weight", shape.ffn, shape.hidden, "ffn_gate", i)
+            weight(f"blk.{i}.ffn_up.weight", shape.ffn, shape.hidden, "ffn_up", i)
+            weight(f"blk.{i}.ffn_down.weight", shape.hidden, shape.ffn, "ffn_down", i)
+            continue
+        if shape.linear_heads:  # gated attention: q_proj yields each head's query and gate
+            q = 2 * shape.heads * shape.head_dim
         if shape.qk_norm:
             tensors.append((f"blk.{i}.attn_q_norm.weight", 1, shape.head_dim, None, 0))
             tensors.append((f"blk.{i}.attn_k_norm.weight", 1, shape.head_dim, None, 0))
         weight(f"blk.{i}.attn_q.weight", q, shape.hidden, "attn_q", i)
         weight(f"blk.{i}.attn_k.weight", kv, shape.hidden, "attn_k", i)
         weight(f"blk.{i}.attn_v.weight", kv, shape.hidden, "attn_v", i)
-        weight(f"blk.{i}.attn_output.weight", shape.hidden, q, "attn_output", i)
+        weight(f"blk.{i}.attn_output.weight", shape.hidden, shape.heads * shape.head_dim, "attn_output", i)
         if shape.experts:
             tensors.append((f"blk.{i}.ffn_gate_inp.weight", shape.experts, shape.hidden, None, 0))
             for part, rows, cols in (("gate", shape.expert_ffn, shape.hidden),
@@ -188,7 +228,9 @@ def write(shape: Shape, out: Path, types: str = "q4_k_m", seed: int = 0) -> Path
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for name, rows, cols, type_, experts in tensors:
-        if type_ is None:  # norms (ones) and routers (small random logits)
+        if type_ is None and name.endswith("ssm_a"):  # A = -exp(A_log): decays of about 0.5 a token
+            data = -rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        elif type_ is None:  # norms (ones), routers and the rest (small random values)
             data = (np.ones(cols, np.float32) if rows == 1
                     else rng.normal(0, 0.02, (rows, cols)).astype(np.float32))
         elif experts:

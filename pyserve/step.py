@@ -79,6 +79,13 @@ class ScheduledSequence:
     # the hybrid KV layout (kv/groups.py): the tables of the KV groups after the first, each
     # as long as block_ids (a sliding group's out-of-window entries name the null block)
     group_block_ids: list[list[int]] = field(default_factory=list)
+    # a model with linear-attention layers: the request's slot in the state pool (kv/manager.py);
+    # -1 where it has none (other models, and the dummy steps, whose sequences take any slot)
+    state_slot: int = -1
+    # and, under prefix caching, the checkpoint row its state is copied from before the step
+    # (a hit that resumes there) and the one it is copied into after it (kv/state.py); -1: none
+    state_source: int = -1
+    state_checkpoint: int = -1
 
     @property
     def num_new_tokens(self) -> int:

@@ -42,12 +42,13 @@ def llamacpp_source() -> Path:
     return src
 
 
-def convert(model_dir: str | Path, out: str | Path, outtype: str = "f32") -> Path:
-    """model_dir converted by llama.cpp's converter into the GGUF file out."""
+def convert(model_dir: str | Path, out: str | Path, outtype: str = "f32", extra: tuple[str, ...] = ()) -> Path:
+    """model_dir converted by llama.cpp's converter into the GGUF file out; extra: more of its
+    flags (--no-mtp for a Qwen3.5 / Qwen3-Next without multi-token prediction layers)."""
     src = llamacpp_source()
     env = {**os.environ, "PYTHONPATH": str(src / "gguf-py")}  # the gguf-py of that llama.cpp
     done = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_dir),
-                           "--outtype", outtype, "--outfile", str(out)],
+                           "--outtype", outtype, "--outfile", str(out), *extra],
                           env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-4000:]}")

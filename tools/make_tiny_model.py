@@ -17,6 +17,9 @@ _BASE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_h
              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
              initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
+_LINEAR = dict(head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=8,
+               linear_num_key_heads=2, linear_num_value_heads=4)
+
 # name -> (transformers config class name, overrides)
 ARCHES = {
     "llama": ("LlamaConfig", {}),
@@ -85,6 +88,19 @@ ARCHES = {
                                       sliding_window=None)),
     "olmoe": ("OlmoeConfig", dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32,
                                   norm_topk_prob=False)),
+    # linear-attention hybrids: three Gated DeltaNet layers, then gated full attention; two
+    # value heads per key head; Qwen3-Next with a dense layer among its MoE layers
+    "qwen3_5": ("Qwen3_5TextConfig", dict(num_hidden_layers=4, **_LINEAR)),
+    "qwen3_5moe": ("Qwen3_5MoeTextConfig", dict(
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, **_LINEAR)),
+    "qwen3next": ("Qwen3NextConfig", dict(
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True, **_LINEAR)),
+    # every layer MoE: what llama.cpp's converter takes of Qwen3-Next
+    "qwen3next-moe": ("Qwen3NextConfig", dict(
+        num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=True, **_LINEAR)),
     # sliding windows of 8 tokens (shorter than the test prompts, so local layers really slide)
     # between global layers; head_dim 64 apart from hidden / heads; an attention scale of its own
     "gemma3": ("Gemma3TextConfig", dict(
@@ -169,9 +185,10 @@ def make_tiny_model(out_dir: str | Path, arch: str = "llama", shard: bool = Fals
     else:
         config = getattr(transformers, config_cls)(**{**_BASE, **overrides})
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if arch.startswith("gemma"):
+    if arch.startswith(("gemma", "qwen3_5", "qwen3next")):
         # Gemma's norms start at (1 + 0): with the sqrt(hidden)-scaled embedding tied to the head,
         # the last token's own embedding would outweigh the layers, and the model repeat it
+        # (the hybrids' zero-centred norms likewise start at one: random, so that each shows)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -106,6 +106,7 @@ def plan_continuation(step: SchedulerOutput, requests, scheduler, max_model_len:
         sampling = seq.sampling
         sequences.append(ScheduledSequence(
             request.request_id, [DRAFT_PLACEHOLDER], position, kv.block_ids(request.request_id),
-            SamplingInputs(sampling.params, sampling.eos_token_ids, sampling.num_output_tokens + 1)))
+            SamplingInputs(sampling.params, sampling.eos_token_ids, sampling.num_output_tokens + 1),
+            state_slot=seq.state_slot))
         rows.append(row)
     return Continuation(SchedulerOutput(sequences), rows)

@@ -36,6 +36,7 @@ from pyserve.errors import InvalidRequest
 from pyserve.executor import executor_class
 from pyserve.executor.plan import resolve, resolve_draft
 from pyserve.kv.manager import KVCacheManager
+from pyserve.kv.state import StatePool
 from pyserve.pooling_params import PoolingParams
 from pyserve.sampling_params import SamplingParams
 from pyserve.step import ModelRunnerOutput, SchedulerOutput, dummy_lengths, dummy_step
@@ -98,8 +99,10 @@ class EngineCore:
                         groups.group_size, ", ".join(
                             "global" if w is None else f"window {w}" for w in groups.windows))
         self.kv_bytes_per_block = plan.bytes_per_block  # one rank's
+        pool = plan.state_pool
+        state = StatePool(pool.slots, pool.checkpoints, bs, pool.interval) if pool.slots else None
         self.kv = KVCacheManager(num_blocks, bs, config.cache.enable_prefix_caching, plan.block_order,
-                                 groups)
+                                 groups, state)
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         spec = config.scheduler.speculative_config
         if spec is not None:

@@ -133,6 +133,10 @@ class Scheduler:
         if self.kv.num_groups > 1:  # the hybrid layout: each KV group's table (kv/groups.py)
             for seq in sequences:
                 seq.group_block_ids = self.kv.group_block_ids(seq.request_id)
+        if self.kv.state is not None:  # linear-attention layers: each request's state rows
+            for (request, _), seq in zip(scheduled, sequences):
+                seq.state_slot, seq.state_source, seq.state_checkpoint = self.kv.state_rows(
+                    request.request_id, seq.start, len(seq.token_ids), request.all_token_ids)
         finished = []
         if sequences:
             finished, self._finished_ids = self._finished_ids, []
@@ -145,7 +149,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            n = self.kv.cut_step(request.num_computed_tokens,
+                                 min(request.num_tokens - request.num_computed_tokens, budget),
+                                 request.num_tokens)
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens + n,
                                              request.num_computed_tokens):
                 victim = max(self.running, key=self._key)

@@ -27,7 +27,7 @@ from pyserve.model.layers.linear import BF16GemmRows, bf16_gemm_rows
 from pyserve.model.layers.parallel import kv_heads_per_rank
 from pyserve.model.loader import resolve_dtype
 from pyserve.model.models.bert import EncoderArch
-from pyserve.model.registry import is_encoder
+from pyserve.model.registry import HYBRID_ARCHITECTURES, is_encoder
 from pyserve.model.sentence_transformers import read_sentence_transformers
 from pyserve.model.source import resolve_model
 from pyserve.pooling_params import ModelPooler, PoolerConfig
@@ -39,6 +39,17 @@ CUDA_HEAD_SIZES = (64, 128, 256)  # csrc/cuda/attention.cu's instantiations
 STEP_LIMITS = {"cpu": (128, 128), "cuda": (256, 2048)}
 # an encoder's step budget, where not given (at least its length)
 ENCODER_STEP_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class StatePoolPlan:
+    """The state pool of a model with linear-attention layers (kv/state.py): rows for running
+    sequences, rows for prefix caching's checkpoints, their bytes, and the checkpoint interval."""
+
+    slots: int = 0
+    checkpoints: int = 0
+    bytes: int = 0
+    interval: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,7 @@ class EnginePlan:
     is_encoder: bool = False  # an embedding-only model: bidirectional attention, no KV cache
     hidden_size: int = 0
     kv_groups: KVGroups | None = None  # the hybrid KV layout (kv/groups.py); None: one group
+    state_pool: StatePoolPlan = StatePoolPlan()  # linear-attention layers' states (kv/state.py)
 
     @property
     def blocks_per_sequence(self) -> int:
@@ -238,6 +250,10 @@ def resolve(config: Config) -> EnginePlan:
     dtype, weight_dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
     block_size, sched = config.cache.block_size, config.scheduler
     kv_dtype = _kv_cache_dtype(config.cache.kv_cache_dtype, dtype, device)
+    state_pool = StatePoolPlan()
+    if arch.architecture in HYBRID_ARCHITECTURES:
+        hybrid_limits(config, arch)
+        state_pool = plan_state_pool(config, arch, dtype, device)
     kv_groups = None
     if encoder:  # no KV cache: blocks only bound the tokens one step holds
         per_block = 0
@@ -245,11 +261,11 @@ def resolve(config: Config) -> EnginePlan:
     else:
         kv_groups = hybrid_kv_groups(config, arch, max_model_len)
         # a rank holds its stage's layers: the largest stage's bound the bytes per block
-        per_block = KVLayout(largest_stage_layers(arch.num_layers, pp),
+        per_block = KVLayout(largest_stage_layers(arch.num_kv_layers, pp),
                              kv_heads_per_rank(arch.num_kv_heads, tp),
                              arch.head_dim, kv_dtype, kv_groups).bytes_per_block(block_size)
         num_blocks = _cpu_num_blocks(config, device, per_block, max_model_len, sequence_blocks(
-            kv_groups, max_model_len, block_size, sched.max_num_batched_tokens))
+            kv_groups, max_model_len, block_size, sched.max_num_batched_tokens), state_pool.bytes)
     graph_sizes = ()
     if device.type == "cuda" and not config.device.enforce_eager and not encoder:
         graph_sizes = capture_sizes(config.device.cuda_graph_sizes, sched.max_num_seqs)
@@ -278,13 +294,14 @@ def resolve(config: Config) -> EnginePlan:
                       pipeline_parallel_size=pp,
                       pipeline_micro_batches=config.parallel.pipeline_micro_batches,
                       kv_groups=kv_groups, bf16_gemm=bf16_gemm, bf16x3=bf16x3,
-                      kv_dtype=None if kv_dtype == dtype else kv_dtype)
+                      kv_dtype=None if kv_dtype == dtype else kv_dtype,
+                      state_slots=state_pool.slots + state_pool.checkpoints)
     pooler = resolve_pooler(config.model.pooler_config, source.hf_config, st)
     return EnginePlan(config, device.type, source.name, source.path, arch.architecture,
                       source.tokenizer_path, arch.vocab_size, max_model_len,
                       _eos_ids(arch, source.path, config.model.generation_config), block_size,
                       per_block, num_blocks, order, weights, shard, pooler, encoder, arch.hidden_size,
-                      kv_groups)
+                      kv_groups, state_pool)
 
 
 def hybrid_kv_groups(config: Config, arch, max_model_len: int) -> KVGroups | None:
@@ -348,20 +365,61 @@ def check_pipeline_setup(arch, pp: int, encoder: bool, device: torch.device,
 
 
 def _cpu_num_blocks(config: Config, device: torch.device, per_block: int,
-                    max_model_len: int, need: int) -> int | None:
-    """The KV cache's blocks from its byte budget; None on a GPU without --kv-cache-memory
-    (measured there after loading). need: the blocks one sequence of max_model_len holds."""
+                    max_model_len: int, need: int, state_bytes: int = 0) -> int | None:
+    """The KV cache's blocks from its byte budget (less the state pool's state_bytes); None on
+    a GPU without --kv-cache-memory (measured there after loading). need: the blocks one
+    sequence of max_model_len holds."""
     if device.type != "cpu" and config.cache.kv_cache_memory is None:
         return None
     block_size = config.cache.block_size
-    budget = config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
-    num_blocks = budget // per_block
+    budget = (config.cache.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES) - state_bytes
+    num_blocks = max(0, budget) // per_block
     if num_blocks < need:
         raise ModelLoadError(
             f"the KV cache ({budget} bytes = {num_blocks} blocks of {block_size} tokens) cannot "
             f"hold one sequence of --max-model-len {max_model_len} ({need} blocks); raise "
             "--kv-cache-memory or lower --max-model-len")
     return num_blocks
+
+
+def hybrid_limits(config: Config, arch) -> None:
+    """A model with linear-attention layers (models/qwen3_next.py) runs on one rank without
+    pipeline stages and without speculative decoding (a state cannot be rolled back to the
+    last accepted draft yet)."""
+    parallel = config.parallel
+    if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+        raise ModelLoadError(f"{arch.architecture}: its linear-attention layers run on one rank; "
+                             "serve it with --tensor-parallel-size 1 --pipeline-parallel-size 1")
+    if config.scheduler.speculative_config is not None:
+        raise ModelLoadError(f"--speculative-config: {arch.architecture} has linear-attention layers, "
+                             "whose recurrent state pyserve cannot roll back to the last accepted "
+                             "draft token yet; serve it without speculative decoding")
+
+
+def plan_state_pool(config: Config, arch, dtype: torch.dtype, device: torch.device) -> StatePoolPlan:
+    """The state pool (kv/state.py): a row per sequence that may run (--max-num-seqs) and,
+    with prefix caching, as many rows for checkpoints, all within half the KV budget
+    (--kv-cache-memory, or the CPU's default; a GPU's measured budget is not capped here), so
+    that fewer sequences run at once where the states are large. Its bytes come off the KV
+    cache's budget. Checkpoints are kept every step budget's worth of blocks
+    (--max-num-batched-tokens) and at each prompt's last full block."""
+    per_seq = arch.family.state_bytes(dtype)
+    caching = config.cache.enable_prefix_caching
+    rows_per_seq = 2 if caching else 1
+    slots = config.scheduler.max_num_seqs
+    budget = config.cache.kv_cache_memory or (DEFAULT_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
+    if budget is not None and slots * rows_per_seq * per_seq > budget // 2:
+        slots = max(1, (budget // 2) // (rows_per_seq * per_seq))
+    checkpoints = slots if caching else 0
+    interval = max(config.cache.block_size, config.scheduler.max_num_batched_tokens
+                   // config.cache.block_size * config.cache.block_size)
+    plan = StatePoolPlan(slots, checkpoints, (slots + checkpoints) * per_seq, interval)
+    logger.info("state pool: %d rows of %d bytes (%.1f MiB) for %d linear-attention layers: %d "
+                "running sequences at most, %s", slots + checkpoints, per_seq, plan.bytes / 2**20,
+                len(arch.linear_layers), slots,
+                f"{checkpoints} prefix-cache checkpoints (every {interval} tokens and at each "
+                "prompt's last full block)" if caching else "no checkpoints (prefix caching off)")
+    return plan
 
 
 def encoder_limits(config: Config, hf_config: dict, st, max_model_len: int,

@@ -56,6 +56,7 @@ class ShardSpec:
     bf16_gemm: BF16GemmRows | None = None
     bf16x3: bool = False  # an encoder's float32 GEMMs as bfloat16x3 on AMX (--encoder-matmul-precision)
     kv_dtype: torch.dtype | None = None  # the KV cache's (--kv-cache-dtype); None: dtype
+    state_slots: int = 0  # linear-attention layers: the state pool's slots (executor/plan.py)
 
     @property
     def world_size(self) -> int:
@@ -107,6 +108,8 @@ def build_model_runner(spec: ShardSpec, tp: TPGroup, stage: PipelineStage = WHOL
                        spec.max_model_len, spec.seed, tp, spec.weight_dtype, spec.gguf_path,
                        spec.int8_activations, stage, spec.bf16_gemm, spec.bf16x3)
     capturable = getattr(model, "graph_capturable", True)  # a family's word on CUDA graphs
+    if spec.state_slots:  # linear-attention layers: their state pool, before the KV cache
+        model.allocate_state(spec.state_slots, spec.dtype, device)
     if links is not None:
         from pyserve.executor.pipeline_stage import PipelineStageModel
 
@@ -143,7 +146,7 @@ def build_stage_runner(spec: ShardSpec, links) -> ModelRunner:
 def kv_layout(spec: ShardSpec, tp_size: int, stage: PipelineStage = WHOLE_MODEL) -> KVLayout:
     """One rank's KV caches: its stage's layers, its share of the KV heads."""
     arch = spec.arch
-    layers = sum(stage.owns_layer(i) for i in range(arch.num_layers))
+    layers = sum(stage.owns_layer(i) and i not in arch.linear_layers for i in range(arch.num_layers))
     return KVLayout(layers, kv_heads_per_rank(arch.num_kv_heads, tp_size), arch.head_dim,
                     spec.cache_dtype, spec.kv_groups)
 

@@ -12,7 +12,13 @@ pool (allocate_slots, given the step's first position) and their entries become 
 They keep their cache entries while free, under a hash qualified by the group, so a prefix is
 still found: a hit of k blocks needs all k in every global group and, in every sliding group,
 the blocks that the first computed position's window reaches (the earlier ones may be gone);
-the hit is the longest k for which every group has what it needs."""
+the hit is the longest k for which every group has what it needs.
+
+A model with linear-attention layers also needs one row of its state pool per running
+request (kv/state.py): taken with the request's first blocks, given back with them (finish,
+abort, preemption), so admission waits for a row as for blocks. Its prefix hits end where a
+checkpoint of the linear state is kept (kv/state.py), and its steps are cut to end on the
+checkpoint boundaries."""
 
 from __future__ import annotations
 
@@ -22,12 +28,15 @@ from pyserve import _native
 from pyserve.arith import cdiv
 from pyserve.kv.groups import KVGroups, single_group
 from pyserve.kv.prefix import extend_block_hashes
+from pyserve.kv.state import StatePool
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 block_order: str = "lru", groups: KVGroups | None = None):
+                 block_order: str = "lru", groups: KVGroups | None = None, state: StatePool | None = None):
         self.pool = _native.BlockPool(num_blocks, block_order)
+        self.state = state  # linear-attention layers' state rows, or None
+        self._checkpoint = -1  # the state checkpoint _cached_prefix's hit ends on
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.groups = groups or single_group(0)
@@ -59,6 +68,21 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
+
+    def state_rows(self, request_id: str, start: int, n: int, token_ids: Sequence[int]) -> tuple[int, int, int]:
+        """A step's (row, checkpoint row it starts from or -1, checkpoint row it writes or
+        -1) in the state pool, for a request computing n tokens from start."""
+        state = self.state
+        target = -1
+        if self.enable_prefix_caching:
+            target = state.target_row(request_id, start + n, self._usable_hashes(request_id, token_ids))
+        return state.slot(request_id), state.source_row(request_id), target
+
+    def cut_step(self, start: int, n: int, num_tokens: int) -> int:
+        """n tokens from start, cut at the state pool's next checkpoint boundary (kv/state.py)."""
+        if self.state is None or not self.enable_prefix_caching:
+            return n
+        return self.state.cut(start, n, num_tokens)
 
     def blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -112,6 +136,9 @@ class KVCacheManager:
         while k > 0 and not all(lookup(g, i) >= 0 for g in self._sliding
                                 for i in range(self.groups.window_start(g, k * bs, bs), k)):
             k -= 1
+        self._checkpoint = -1
+        if self.state is not None:  # the hit ends where a linear state was kept
+            k, self._checkpoint = self.state.checkpointed(hashes, k)
         tables = []
         for g, window in enumerate(windows):
             if window is None:
@@ -133,13 +160,18 @@ class KVCacheManager:
                   else [[] for _ in range(self.num_groups)])
         num_hits = len(tables[0])
         cached_tokens = num_hits * self.block_size
-        n = min(len(token_ids) - cached_tokens, max_new_tokens)
+        n = self.cut_step(cached_tokens, min(len(token_ids) - cached_tokens, max_new_tokens), len(token_ids))
         new_blocks = self.blocks_for(cached_tokens + n) - num_hits  # per group
         hits = [b for table in tables for b in table if b != self.null_block]
         # hits sitting in the free queue stop being free once acquired
         reclaimed = sum(1 for b in hits if self.pool.ref_count(b) == 0)
         if new_blocks * self.num_groups + reclaimed > self.pool.num_free:
             return None
+        if self.state is not None:
+            if not self.state.take_slot(request_id):
+                return None
+            if num_hits:
+                self.state.resume_from(request_id, self._checkpoint)
         self.pool.acquire(hits)
         for table in tables:
             table.extend(self.pool.allocate(new_blocks))
@@ -192,6 +224,8 @@ class KVCacheManager:
         groups' blocks before its window go back to the pool first."""
         tables = self._blocks.get(request_id)
         if tables is None:
+            if self.state is not None and not self.state.take_slot(request_id):
+                return False
             tables = self._blocks[request_id] = [[] for _ in range(self.num_groups)]
             if self._sliding:
                 self._window_start[request_id] = [0] * len(self._sliding)
@@ -224,7 +258,10 @@ class KVCacheManager:
             self.pool.free(freed)
 
     def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """After a step: registers the request's blocks that became full of computed tokens."""
+        """After a step: registers the request's blocks that became full of computed tokens
+        (and the linear state's checkpoint the step wrote, kv/state.py)."""
+        if self.state is not None:
+            self.state.ran(request_id)
         if not self.enable_prefix_caching:
             return
         full = num_computed_tokens // self.block_size
@@ -248,6 +285,8 @@ class KVCacheManager:
         self._prompt_blocks.pop(request_id, None)
         for blocks in tables or ():
             self.pool.free([b for b in reversed(blocks) if b != self.null_block])
+        if self.state is not None:
+            self.state.free(request_id)
         self._done_computing(request_id)
         self._num_cached.pop(request_id, None)
 
@@ -259,7 +298,8 @@ class KVCacheManager:
     def num_tracked_requests(self) -> int:
         """Requests the manager holds state for (0 once every request has ended)."""
         return len(self._blocks.keys() | self._hashes.keys() | self._pending.keys()
-                   | self._window_start.keys() | self._prompt_blocks.keys())
+                   | self._window_start.keys() | self._prompt_blocks.keys()
+                   | (self.state.tracked() if self.state is not None else set()))
 
     @property
     def hit_rate(self) -> float:

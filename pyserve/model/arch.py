@@ -40,6 +40,17 @@ class ModelArch:
     moe: Any = None  # layers/moe.py's MoeSpec for a mixture of experts (models/moe.py reads it)
     family: Any = None  # what a family's own module reads from config.json (its family_config)
 
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        """A hybrid's linear-attention layers (models/qwen3_next.py), which hold a state in the
+        state pool instead of a KV cache."""
+        return getattr(self.family, "linear_layers", ())
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that hold a KV cache."""
+        return self.num_layers - len(self.linear_layers)
+
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer`, None where it attends globally."""
         if self.sliding_window is None:
@@ -135,10 +146,14 @@ def fill_original_positions(scaling: dict, cfg: dict[str, Any]) -> None:
 def _family_keys(architecture: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """config.json as the shared reader takes it: a family whose checkpoints leave keys out or
     nest them (Gemma's text_config) fills them in by its module's hf_config(architecture, cfg)."""
-    from pyserve.model.registry import GEMMA_ARCHITECTURES
+    from pyserve.model.registry import GEMMA_ARCHITECTURES, HYBRID_ARCHITECTURES
 
     if architecture in GEMMA_ARCHITECTURES:
         from pyserve.model.models.gemma import hf_config
+
+        return hf_config(architecture, cfg)
+    if architecture in HYBRID_ARCHITECTURES:
+        from pyserve.model.models.qwen3_next import hf_config
 
         return hf_config(architecture, cfg)
     return cfg
@@ -159,8 +174,12 @@ def _family_config(architecture: str, cfg: dict[str, Any]):
 
 def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):
     from pyserve.model.models.moe import moe_spec
-    from pyserve.model.registry import MOE_ARCHITECTURES
+    from pyserve.model.registry import HYBRID_ARCHITECTURES, MOE_ARCHITECTURES
 
+    if architecture in HYBRID_ARCHITECTURES:
+        from pyserve.model.models import qwen3_next
+
+        return qwen3_next.moe_spec(architecture, cfg, num_layers)
     return moe_spec(architecture, cfg, num_layers) if architecture in MOE_ARCHITECTURES else None
 
 

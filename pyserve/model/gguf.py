@@ -48,8 +48,13 @@ _ARCHITECTURES = {
     "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "olmoe": ("OlmoeForCausalLM", "olmoe"),
+    # linear-attention hybrids (models/qwen3_next.py)
+    "qwen35": ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+    "qwen3next": ("Qwen3NextForCausalLM", "qwen3_next"),
 }
 _GEMMA = ("gemma2", "gemma3")
+_HYBRID = ("qwen35", "qwen35moe", "qwen3next")
 _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -81,6 +86,21 @@ _GEMMA_LAYER_TENSORS = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# the hybrids' Gated DeltaNet layers (their attention layers' post_attention_norm follows
+# attention; ssm_a holds -exp(A_log), ssm_dt.bias the dt bias, ssm_ba Qwen3-Next's b and a
+# merged per key head)
+_HYBRID_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -100,8 +120,14 @@ def _hf_name(gguf_name: str, gguf_arch: str | None = None) -> str | None:
     so readers of the quantized (2-D) tensors may leave gguf_arch out."""
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    table = _GEMMA_LAYER_TENSORS if gguf_arch in _GEMMA else _LAYER_TENSORS
+    table = (_GEMMA_LAYER_TENSORS if gguf_arch in _GEMMA
+             else _HYBRID_LAYER_TENSORS if gguf_arch in _HYBRID else _LAYER_TENSORS)
     parts = gguf_name.split(".")
+    if gguf_arch in _HYBRID and parts[0] == "blk" and len(parts) >= 3:
+        if parts[2:] == ["ssm_a"]:
+            return f"model.layers.{parts[1]}.linear_attn.A_log"
+        if parts[2:] == ["ssm_dt", "bias"]:
+            return f"model.layers.{parts[1]}.linear_attn.dt_bias"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in table:
         name = f"model.layers.{parts[1]}.{table[parts[2]]}"
         # a stacked expert tensor has no parameter of its own: the MoE model's loader takes it
@@ -139,7 +165,7 @@ def _config(reader) -> tuple[dict, str]:
         "model_type": model_type,
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(get("feed_forward_length") or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": num_heads,
         "num_key_value_heads": int(get("attention.head_count_kv", num_heads)),
@@ -156,6 +182,10 @@ def _config(reader) -> tuple[dict, str]:
     if gguf_arch in ("qwen2", "qwen2moe"):
         cfg["attention_bias"] = True
     # a family's own keys are read by its module (models/<family>.py: gguf_config)
+    if gguf_arch in _HYBRID:
+        from pyserve.model.models import qwen3_next
+
+        cfg.update(qwen3_next.gguf_config(get, gguf_arch, cfg))
     if int(get("expert_count", 0) or 0) > 0:
         from pyserve.model.models import moe
 
@@ -241,6 +271,8 @@ def _merged_groups(num_layers: int) -> list[list[str]]:
     """Checkpoint tensors that share one of our parameters: all kept quantized, or none."""
     groups = []
     for i in range(num_layers):
+        groups.append([f"model.layers.{i}.linear_attn.in_proj_{p}.weight" for p in ("qkv", "z")])
+        groups.append([f"model.layers.{i}.linear_attn.in_proj_{p}.weight" for p in ("b", "a")])
         groups.append([f"model.layers.{i}.self_attn.{p}_proj.weight" for p in "qkv"])
         groups.append([f"model.layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up")])
         groups.append([f"model.layers.{i}.mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up")])
@@ -330,6 +362,13 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
 
     meta, index = tensor_index(Path(gguf_path))
     gguf_arch = meta.get("general.architecture")
+    # llama.cpp appends a hybrid's multi-token prediction blocks after its layers: not served
+    extra = meta.get(f"{gguf_arch}.nextn_predict_layers") or 0
+    if extra:
+        first = int(meta[f"{gguf_arch}.block_count"]) - int(extra)
+        mtp = [n for n, *_ in index if n.startswith("blk.") and int(n.split(".")[1]) >= first]
+        logger.info("GGUF: %d tensors of %d multi-token prediction blocks are not used", len(mtp), extra)
+        index = [entry for entry in index if entry[0] not in set(mtp)]
     unknown = [n for n, *_ in index if _hf_name(n, gguf_arch) is None and n not in _READ_INTO_CONFIG]
     if unknown:
         raise ModelLoadError(f"GGUF '{gguf_path}' holds tensors pyserve has no place for: "
@@ -349,7 +388,7 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
             done += got
         return array
 
-    gemma = gguf_arch in _GEMMA
+    gemma = gguf_arch in _GEMMA or gguf_arch in _HYBRID  # norms stored as (1 + w)
     row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.", ".shared_expert.down_proj.")
 
     def quantizable(name: str, ggml_type: int, dims: tuple[int, ...]) -> bool:
@@ -451,8 +490,10 @@ def _widened(read, ggml_type: int, shape: tuple[int, ...], offset: int, name: st
         row_bytes = shape[-1] // block * size
         array = dequantize(raw.reshape(-1, row_bytes), qtype).astype(np.float32)
     array = array.reshape(shape)
-    if gemma and name.endswith("norm.weight"):
+    if gemma and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         array = array - 1  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
+    if name.endswith("linear_attn.A_log"):  # llama.cpp stores A = -exp(A_log)
+        array = np.log(-array.astype(np.float64)).astype(np.float32)
     if name.endswith("shared_expert_gate.weight"):
         array = array.reshape(1, -1)  # llama.cpp keeps Qwen2-MoE's [1, H] gate as a vector
     if heads is not None:
@@ -538,6 +579,11 @@ def _write_dir(gguf_path: Path, out_dir: Path, with_weights: bool) -> Path:
         if with_weights:
             arch = ModelArch.from_hf_config(cfg)
             tensors = _transformers_names(dict(gguf_weights(gguf_path, arch, keep_quantized=False)))
+            if gguf_arch in _HYBRID:
+                from pyserve.model.models import qwen3_next
+
+                tensors = qwen3_next.reference_tensors(tensors, cfg)
+                cfg = {k: v for k, v in cfg.items() if k != qwen3_next.TILED_KEY}
             save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         generation = {k: cfg[k] for k in ("bos_token_id", "eos_token_id") if cfg[k] is not None}

@@ -28,7 +28,13 @@ FAMILY_ARCHITECTURES = {"SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
                         "Exaone4ForCausalLM": ("exaone4", "Exaone4ForCausalLM"),
                         "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
                         "Ernie4_5ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM"),
-                        "HunYuanDenseV1ForCausalLM": ("hunyuan", "HunYuanDenseV1ForCausalLM")}
+                        "HunYuanDenseV1ForCausalLM": ("hunyuan", "HunYuanDenseV1ForCausalLM"),
+                        **{name: ("qwen3_next", "HybridForCausalLM") for name in (
+                            "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+                            "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")}}
+# linear-attention hybrids (models/qwen3_next.py): a state pool beside the KV cache
+HYBRID_ARCHITECTURES = tuple(name for name, (module, _) in FAMILY_ARCHITECTURES.items()
+                             if module == "qwen3_next")
 # Encoders, for embeddings only (models/bert.py; models/encoder.py adapts them to the runner)
 ENCODER_ARCHITECTURES = ("BertModel", "RobertaModel", "XLMRobertaModel",
                          # masked-LM checkpoints: the same encoder, their head unread

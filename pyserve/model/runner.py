@@ -56,6 +56,9 @@ class ForwardInputs:
             slots, tables = move(m.group_slot_mapping), move(m.group_block_tables)
             meta = AttentionMetadata(slots[0], tables[0], move(m.query_start_loc),
                                      move(m.seq_lens), slots, tables)
+        # read on the host
+        meta.state_slots, meta.state_fresh = m.state_slots, m.state_fresh
+        meta.state_copy_in, meta.state_copy_out = m.state_copy_in, m.state_copy_out
         return ForwardInputs(move(self.input_ids), move(self.positions), meta,
                              move(self.logits_rows))
 
@@ -206,6 +209,10 @@ class ModelRunner:
             block_tables=torch.tensor(table_rows, dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int64),
+            state_fresh=torch.tensor([s.start == 0 for s in seqs], dtype=torch.bool),
+            state_copy_in=[(s.state_source, s.state_slot) for s in seqs if s.state_source >= 0] or None,
+            state_copy_out=[(s.state_slot, s.state_checkpoint) for s in seqs if s.state_checkpoint >= 0] or None,
         )
         if seqs and seqs[0].group_block_ids:
             meta = _with_group_tables(meta, seqs, bs)
@@ -237,6 +244,7 @@ class ModelRunner:
         if (previous.num_sampled != n or old.input_ids.numel() != n or previous.sampling is None
                 or previous.sampling.grammar is not None or previous.prompt_logprobs
                 or previous.pooling or previous.drafts or old.meta.group_block_tables is not None
+                or any(s.state_source >= 0 or s.state_checkpoint >= 0 for s in seqs)
                 or step.finished_request_ids):
             return self.prepare(step)
         bs = self.block_size
@@ -260,7 +268,9 @@ class ModelRunner:
                                       self.vocab_size, self.device)
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.int64), tables,
                                  old.meta.query_start_loc,
-                                 torch.tensor([p + 1 for p in positions], dtype=torch.int32))
+                                 torch.tensor([p + 1 for p in positions], dtype=torch.int32),
+                                 state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int64),
+                                 state_fresh=torch.zeros(n, dtype=torch.bool))
         inputs = ForwardInputs(torch.empty(n, dtype=torch.int64),
                                torch.tensor(positions, dtype=torch.int64), meta, old.logits_rows)
         return PreparedBatch(inputs, n, sampling)
@@ -367,7 +377,8 @@ def _with_group_tables(meta: AttentionMetadata, seqs, block_size: int) -> Attent
     rows = torch.repeat_interleave(torch.arange(len(seqs)), (starts[1:] - starts[:-1]).long())
     positions = torch.cat([torch.arange(s.start, s.start + len(s.token_ids)) for s in seqs])
     slots = tables[:, rows, positions // block_size].long() * block_size + positions % block_size
-    return AttentionMetadata(slots[0], tables[0], meta.query_start_loc, meta.seq_lens, slots, tables)
+    return AttentionMetadata(slots[0], tables[0], meta.query_start_loc, meta.seq_lens, slots, tables,
+                             meta.state_slots, meta.state_fresh, meta.state_copy_in, meta.state_copy_out)
 
 
 @torch.inference_mode()

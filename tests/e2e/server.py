@@ -187,3 +187,22 @@ def kill_rank_mid_stream(server: "ServerProcess", pid: int, model: str, prompt: 
     assert health_status(server.url) == 503, f"/health not 503 within {health_within_s}s of the kill"
     assert server.proc.wait(exit_within_s) == 1  # the server exits rather than hang
     return took
+
+
+def served_greedy_equals_offline(path, offline, name: str, max_tokens: int) -> str:
+    """Serves the model at path and asks it, through the openai SDK over a real socket, for
+    each offline RequestOutput's prompt (greedy, ignore_eos): the same token ids. Returns the
+    server's log."""
+    import openai
+
+    srv = ServerProcess("--served-model-name", name, command=("serve", str(path)))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        for out in offline:
+            got = client.completions.create(model=name, prompt=out.prompt, max_tokens=max_tokens,
+                                            temperature=0,
+                                            extra_body={"ignore_eos": True, "return_token_ids": True})
+            assert got.choices[0].token_ids == out.outputs[0].token_ids
+        return srv.output()
+    finally:
+        assert srv.stop() == 0

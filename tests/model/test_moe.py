@@ -110,22 +110,11 @@ def test_preemption_chunks_prefix_caching_and_speculation_leave_outputs_unchange
 
 
 def test_served_over_a_socket_equals_offline(tiny_model_factory):
-    import openai
-
-    from tests.e2e.server import ServerProcess
+    from tests.e2e.server import served_greedy_equals_offline
 
     path = tiny_model_factory("qwen3moe")
     offline = LLM(str(path)).generate(PROMPTS[:2], GREEDY)
-    srv = ServerProcess("--served-model-name", "moe", command=("serve", str(path)))
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-        for out in offline:
-            got = client.completions.create(model="moe", prompt=out.prompt, max_tokens=32, temperature=0,
-                                            extra_body={"ignore_eos": True, "return_token_ids": True})
-            assert got.choices[0].token_ids == out.outputs[0].token_ids
-        assert "8 experts, top-2" in srv.output()
-    finally:
-        assert srv.stop() == 0
+    assert "8 experts, top-2" in served_greedy_equals_offline(path, offline, "moe", 32)
 
 
 @pytest.mark.parametrize("arch,tp,pp", [("qwen2moe", 2, 1), ("qwen3moe", 1, 2), ("mixtral", 2, 1)])

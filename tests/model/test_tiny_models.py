@@ -24,6 +24,7 @@ PROMPTS = [
     ("seed_oss", False), ("exaone4", False), ("glm4", False), ("ernie4_5", False),
     ("hunyuan", False),
     ("qwen3moe", False), ("qwen2moe", False), ("mixtral", True), ("olmoe", False),
+    ("qwen3_5", False), ("qwen3_5moe", True), ("qwen3next", False),
 ])
 def test_greedy_matches_transformers(tiny_model_factory, arch, shard):
     path = tiny_model_factory(arch, shard)

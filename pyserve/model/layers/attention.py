@@ -25,6 +25,15 @@ class AttentionMetadata:
     # with one group
     group_slot_mapping: torch.Tensor | None = None
     group_block_tables: torch.Tensor | None = None
+    # linear-attention layers (layers/linear_attention.py): each sequence's state slot [num_seqs]
+    # int64 (-1: a dummy step's sequence, which takes any slot) and whether its step starts
+    # at position 0 (a fresh state, not the slot's) [num_seqs] bool
+    state_slots: torch.Tensor | None = None
+    state_fresh: torch.Tensor | None = None
+    # prefix caching's checkpoints of those states (kv/state.py): (from row, to row) pairs
+    # copied before the step (a hit resumes) and after it (a checkpoint is kept); None: none
+    state_copy_in: list[tuple[int, int]] | None = None
+    state_copy_out: list[tuple[int, int]] | None = None
 
     def for_group(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot_mapping, block_tables) of a layer in this KV group."""

@@ -88,7 +88,8 @@ def _read_spec(architecture: str, cfg: dict, num_layers: int) -> MoeSpec:
 
 # llama.cpp's graph for each MoE architecture renormalises the top-k weights (qwen3moe and
 # Mixtral's llama) or not (qwen2moe, olmoe), whatever the original config said
-_GGUF_NORM_TOPK = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False}
+_GGUF_NORM_TOPK = {"qwen3moe": True, "llama": True, "qwen2moe": False, "olmoe": False,
+                   "qwen35moe": True, "qwen3next": True}
 
 
 def gguf_config(get, gguf_arch: str, cfg: dict, tensor_names: set[str]) -> dict:
@@ -120,7 +121,7 @@ def gguf_config(get, gguf_arch: str, cfg: dict, tensor_names: set[str]) -> dict:
     moe["decoder_sparse_step"] = 1
     moe["mlp_only_layers"] = [i for i in range(cfg["num_hidden_layers"])
                               if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]
-    if gguf_arch == "qwen2moe":
+    if gguf_arch in ("qwen2moe", "qwen35moe", "qwen3next"):
         moe["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
     return moe
 
