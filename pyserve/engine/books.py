@@ -55,6 +55,12 @@ def engine_books(core, count_references: bool = False) -> dict:
         "runner_requests": core.executor.runner.num_tracked_requests,
         "runner_ends_pending": core.scheduler.num_finished_pending,
     }
+    state = core.kv.state
+    if state is not None:  # linear-attention layers' state rows (kv/state.py)
+        books["state_slots_total"] = state.num_slots
+        books["state_slots_referenced"] = state.num_slots - state.num_free_slots
+        books["state_checkpoints_kept"] = state.num_checkpoints_kept
+        books["state_checkpoints_held"] = state.num_checkpoints_held
     if count_references:
         books["kv_blocks_with_references"] = sum(
             1 for block in range(pool.num_blocks) if pool.ref_count(block) > 0)
@@ -72,7 +78,8 @@ def problems(books: dict) -> list[str]:
         out.append(f"{books['requests_accepted']} requests accepted, but {ended} ended and "
                    f"{books['requests_in_table']} still in the table")
     for key in ("requests_in_table", "completions_in_table", "num_running", "num_waiting",
-                "kv_blocks_referenced", "kv_manager_requests", "streams_open"):
+                "kv_blocks_referenced", "kv_manager_requests", "streams_open",
+                "state_slots_referenced", "state_checkpoints_held"):
         if books.get(key, 0):
             out.append(f"{key} is {books[key]}, not 0")
     if books.get("kv_blocks_with_references", 0):

@@ -467,6 +467,8 @@ class EngineCore:
             "kv_blocks_total": kv.num_blocks,
             "kv_blocks_free": kv.num_free_blocks,
             "kv_usage": 1.0 - kv.num_free_blocks / kv.num_blocks,
+            # linear-attention layers: the state pool's running rows in use (kv/state.py)
+            "state_usage": (1.0 - kv.state.num_free_slots / kv.state.num_slots) if kv.state else None,
             "prefix_cache_queries": kv.prefix_queries,
             "prefix_cache_hits": kv.prefix_hits,
             "prefix_cache_hit_rate": kv.hit_rate,

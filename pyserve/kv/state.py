@@ -35,6 +35,18 @@ class StatePool:
     def num_free_slots(self) -> int:
         return self._slots.num_free
 
+    @property
+    def num_checkpoints_kept(self) -> int:
+        """Checkpoints registered under a prefix's hash (held or evictable)."""
+        return self._checkpoints.num_cached if self._checkpoints is not None else 0
+
+    @property
+    def num_checkpoints_held(self) -> int:
+        """Checkpoints a request holds (one it resumes from, or its step writes)."""
+        if self._checkpoints is None:
+            return 0
+        return sum(1 for c in range(self.num_checkpoints) if self._checkpoints.ref_count(c) > 0)
+
     def has_slot(self, request_id: str) -> bool:
         return request_id in self._slot
 

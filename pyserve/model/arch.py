@@ -84,7 +84,7 @@ class ModelArch:
                 if cfg.get(key):
                     raise ModelLoadError(f"config.json: {key} is not supported yet")
             partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
-            if partial not in (None, 1, 1.0) and arch != "Glm4ForCausalLM":  # GLM's own rope
+            if partial not in (None, 1, 1.0) and arch not in _own_partial_rotary():  # their own rope
                 raise ModelLoadError(f"config.json: partial_rotary_factor {partial} (rope over part "
                                      "of each head) is not supported yet")
             eos = cfg.get("eos_token_id")
@@ -181,6 +181,12 @@ def _moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int):
 
         return qwen3_next.moe_spec(architecture, cfg, num_layers)
     return moe_spec(architecture, cfg, num_layers) if architecture in MOE_ARCHITECTURES else None
+
+
+def _own_partial_rotary() -> tuple[str, ...]:
+    from pyserve.model.registry import HYBRID_ARCHITECTURES
+
+    return ("Glm4ForCausalLM",) + HYBRID_ARCHITECTURES
 
 
 def _float_or_none(value) -> float | None:

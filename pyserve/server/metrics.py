@@ -73,6 +73,9 @@ class EngineCollector:
                     snap["num_waiting"])
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                     snap["kv_usage"])
+        if snap.get("state_usage") is not None:
+            yield gauge("pyserve:state_pool_usage_perc", "Linear-attention state pool usage (rows "
+                        "of running sequences). 1 means 100 percent usage.", snap["state_usage"])
         yield counter("vllm:prefix_cache_queries",
                       "Prefix cache queries, in terms of number of queried tokens.",
                       snap["prefix_cache_queries"])

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from pyserve import LLM, SamplingParams
+from pyserve.engine.books import problems
 from pyserve.errors import ModelLoadError
 from pyserve.model.arch import ModelArch
 from pyserve.model.layers.linear_attention import (causal_conv, chunked_delta_rule,
-                                                   recurrent_delta_rule)
+                                                   recurrent_delta_rule, recurrent_delta_rule_)
 
 from .reference import hf_greedy, load_hf
 
@@ -69,11 +70,18 @@ def test_a_state_stored_and_resumed_continues_the_sequence():
     torch.testing.assert_close(s[0], expected_final, rtol=1e-5, atol=2e-6)
 
 
-def test_recurrent_step_is_transformers_step_bitwise():
+def test_recurrent_step_updates_the_slot_in_place():
+    """Decode's step on a view of the pool (recurrent_delta_rule_): the slot itself holds the
+    state after it, transformers' step to float32 rounding, and the other slots are untouched."""
     q, k, v, g, beta, state = _inputs(1, seed=3)
-    out, final = recurrent_delta_rule(q, k, v, g, beta, state.unsqueeze(0))
+    pool = torch.randn(3, *state.shape)
+    pool[1] = state
+    before = pool.clone()
+    out = recurrent_delta_rule_(q, k, v, g, beta, pool[1:2])
     expected, expected_final = _reference(q, k, v, g, beta, state)
-    assert torch.equal(out, expected) and torch.equal(final[0], expected_final)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pool[1], expected_final, rtol=1e-6, atol=1e-6)
+    assert torch.equal(pool[0], before[0]) and torch.equal(pool[2], before[2])
 
 
 def test_causal_conv_carries_its_window():
@@ -133,6 +141,9 @@ def test_prefix_hits_resume_from_state_checkpoints(hybrid_model):
     assert got == expected
     kv = on.engine.kv
     assert kv.state.checkpoint_hits >= 3 and kv.prefix_hits > 0 and kv.num_tracked_requests() == 0
+    books = on.engine.books()  # every row and checkpoint given back; checkpoints kept
+    assert not problems(books) and books["state_checkpoints_kept"] > 0
+    assert books["state_slots_referenced"] == books["state_checkpoints_held"] == 0
 
 
 def test_n_seeded_equals_single_requests(tiny_model_factory):

@@ -36,7 +36,7 @@ from pyserve.model.layers.attention import AttentionMetadata, PagedAttention
 from pyserve.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pyserve.model.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pyserve.model.layers.linear_attention import (causal_conv, chunked_delta_rule, gated_rms_norm,
-                                                   recurrent_delta_rule)
+                                                   recurrent_delta_rule_)
 from pyserve.model.layers.moe import MoeSpec, SparseMoe
 from pyserve.model.layers.norm import GemmaRMSNorm
 from pyserve.model.layers.parallel import SINGLE, WHOLE_MODEL, PipelineStage, TPGroup
@@ -95,8 +95,6 @@ def hf_config(architecture: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if architecture.startswith("Qwen3_5Moe") and "intermediate_size" not in cfg:
         cfg = {**cfg, "intermediate_size": int(cfg.get("moe_intermediate_size", 512))}
     rope = dict(cfg.get("rope_parameters") or {})
-    cfg = {**cfg, "partial_rotary_factor": 1.0, "hybrid_rotary_factor": float(
-        rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))}
     if rope.get("rope_type", "default") not in ("default", None):
         raise ModelLoadError(f"config.json: rope scaling '{rope['rope_type']}' on a hybrid "
                              "linear-attention model is not supported yet")
@@ -116,7 +114,7 @@ def family_config(cfg: dict[str, Any]) -> HybridSpec:
     spec = HybridSpec(
         tuple(kinds), int(cfg.get("linear_num_key_heads", 16)), int(cfg.get("linear_num_value_heads", 32)),
         int(cfg.get("linear_key_head_dim", 128)), int(cfg.get("linear_value_head_dim", 128)),
-        int(cfg.get("linear_conv_kernel_dim", 4)), int(head_dim * cfg["hybrid_rotary_factor"]),
+        int(cfg.get("linear_conv_kernel_dim", 4)), int(head_dim * _rotary_share(cfg)),
         str(cfg["architectures"][0]) == "Qwen3NextForCausalLM", bool(cfg.get(TILED_KEY, False)))
     if spec.num_value_heads % spec.num_key_heads:
         raise ModelLoadError(f"config.json: linear_num_value_heads ({spec.num_value_heads}) must be a "
@@ -125,6 +123,13 @@ def family_config(cfg: dict[str, Any]) -> HybridSpec:
         raise ModelLoadError(f"config.json: partial_rotary_factor gives {spec.rotary_dim} rotary "
                              f"dimensions of a head of {head_dim}; they must be even and positive")
     return spec
+
+
+def _rotary_share(cfg: dict[str, Any]) -> float:
+    """partial_rotary_factor: in rope_parameters (transformers 5) or flat (older configs);
+    transformers' default for these models is a quarter of each head."""
+    rope = cfg.get("rope_parameters") or {}
+    return float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))
 
 
 def moe_spec(architecture: str, cfg: dict[str, Any], num_layers: int) -> MoeSpec | None:
@@ -210,11 +215,12 @@ class GatedDeltaNet(nn.Module):
             self.conv_state[index] = window[:, :, 1:]
             conv = nn.functional.silu((window.to(x.dtype) * weight).sum(-1))
             q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-            out, state = recurrent_delta_rule(q.view(-1, hk, dk), k.view(-1, hk, dk), v.view(-1, hv, dv),
-                                              g[rows], beta[rows], self.recurrent_state[index],
-                                              s.tiled_value_heads)
-            self.recurrent_state[index] = state
-            core[rows] = out
+            q, k, v = q.reshape(-1, hk, dk), k.reshape(-1, hk, dk), v.reshape(-1, hv, dv)
+            for j, i in enumerate(decode):  # each slot's state updated where it lies
+                slot = slots[i]
+                core[starts[i]] = recurrent_delta_rule_(
+                    q[j:j + 1], k[j:j + 1], v[j:j + 1], g[starts[i]:starts[i] + 1], beta[starts[i]:starts[i] + 1],
+                    self.recurrent_state[slot:slot + 1], s.tiled_value_heads)[0]
         for i in sorted(set(range(len(slots))) - set(decode)):
             r0, r1, slot = starts[i], starts[i + 1], slots[i]
             if fresh[i]:
