@@ -157,6 +157,20 @@ def test_n_seeded_equals_single_requests(tiny_model_factory):
     assert together == alone and len({tuple(t) for t in together}) > 1
 
 
+def test_beam_search_resumes_each_round_from_checkpoints(tiny_model_factory):
+    """Each round's beams are requests over the prompt and their tokens so far: they resume
+    from the checkpoints of their shared prefixes, and find the beams prefix caching off finds."""
+    from pyserve.sampling_params import BeamSearchParams
+
+    path = str(tiny_model_factory("qwen3next"))
+    params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
+    on, off = LLM(path, max_num_batched_tokens=16), LLM(path, enable_prefix_caching=False)
+    beams = lambda llm: [(s.tokens, s.cum_logprob) for s in llm.beam_search([PROMPTS[1]], params)[0].sequences]
+    with_cache, without = beams(on), beams(off)
+    assert [t for t, _ in with_cache] == [t for t, _ in without] and len(with_cache) == 3
+    assert on.engine.kv.state.checkpoint_hits > 0
+
+
 def test_fewer_slots_than_sequences_queue_the_rest(tiny_model_factory):
     """A state pool that holds two sequences: eight requests run two at a time, each as alone."""
     path = tiny_model_factory("qwen3next")
