@@ -205,9 +205,9 @@ class GatedDeltaNet(nn.Module):
         starts = meta.query_start_loc.tolist()
         fresh, pool = meta.state_fresh.tolist(), self.conv_state.shape[0]
         # a dummy step's sequences (slot -1) start fresh in any slot: none runs beside them
-        slots = [s if s >= 0 else i % pool for i, s in enumerate(meta.state_slots.tolist())]
+        slots = [row if row >= 0 else i % pool for i, row in enumerate(meta.state_slots.tolist())]
         decode = [i for i in range(len(slots)) if starts[i + 1] - starts[i] == 1 and not fresh[i]]
-        if decode:  # one token each, resumed: one batched recurrent step
+        if decode:  # one token each, resumed: their convolutions batched, then each state in its slot
             rows = torch.tensor([starts[i] for i in decode], device=hidden.device)
             index = torch.tensor([slots[i] for i in decode], device=hidden.device)
             x = mixed[rows]  # [B, C]
