@@ -80,7 +80,7 @@ class ScheduledSequence:
     # as long as block_ids (a sliding group's out-of-window entries name the null block)
     group_block_ids: list[list[int]] = field(default_factory=list)
     # a model with linear-attention layers: the request's slot in the state pool (kv/manager.py);
-    # -1 where it has none (other models, and the dummy steps, whose sequences take any slot)
+    # -1 where it has none (other models, and the dummy steps)
     state_slot: int = -1
     # and, under prefix caching, the checkpoint row its state is copied from before the step
     # (a hit that resumes there) and the one it is copied into after it (kv/state.py); -1: none

@@ -36,7 +36,6 @@ class KVCacheManager:
                  block_order: str = "lru", groups: KVGroups | None = None, state: StatePool | None = None):
         self.pool = _native.BlockPool(num_blocks, block_order)
         self.state = state  # linear-attention layers' state rows, or None
-        self._checkpoint = -1  # the state checkpoint _cached_prefix's hit ends on
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.groups = groups or single_group(0)
@@ -109,9 +108,10 @@ class KVCacheManager:
         extend_block_hashes(hashes, token_ids, self.block_size, usable * self.block_size)
         return hashes[:usable]
 
-    def _cached_prefix(self, request_id: str, token_ids: Sequence[int]) -> list[list[int]]:
+    def _cached_prefix(self, request_id: str, token_ids: Sequence[int]) -> tuple[list[list[int]], int]:
         """Per group, the cached blocks a hit of k blocks takes (null_block where a sliding
-        group needs none), for the largest k every group can serve."""
+        group needs none), for the largest k every group can serve (and, with a state pool,
+        that ends on a checkpoint of the linear state); and that checkpoint, or -1."""
         hashes = self._usable_hashes(request_id, token_ids)
         windows = self.groups.windows
         chains = {}
@@ -136,9 +136,9 @@ class KVCacheManager:
         while k > 0 and not all(lookup(g, i) >= 0 for g in self._sliding
                                 for i in range(self.groups.window_start(g, k * bs, bs), k)):
             k -= 1
-        self._checkpoint = -1
+        checkpoint = -1
         if self.state is not None:  # the hit ends where a linear state was kept
-            k, self._checkpoint = self.state.checkpointed(hashes, k)
+            k, checkpoint = self.state.checkpointed(hashes, k)
         tables = []
         for g, window in enumerate(windows):
             if window is None:
@@ -146,7 +146,7 @@ class KVCacheManager:
             else:
                 lo = self.groups.window_start(g, k * bs, bs)
                 tables.append([self.null_block] * lo + [lookup(g, i) for i in range(lo, k)])
-        return tables
+        return tables, checkpoint
 
     def allocate_new(self, request_id: str, token_ids: Sequence[int], max_new_tokens: int,
                      use_cache: bool = True, count_lookup: bool = True) -> tuple[int, int] | None:
@@ -156,8 +156,8 @@ class KVCacheManager:
         or None (nothing taken) if the pool is short. count_lookup: the lookup counts in the
         prefix-cache figures (a first admission, not a readmission after preemption)."""
         caching = self.enable_prefix_caching and use_cache
-        tables = (self._cached_prefix(request_id, token_ids) if caching
-                  else [[] for _ in range(self.num_groups)])
+        tables, checkpoint = (self._cached_prefix(request_id, token_ids) if caching
+                              else ([[] for _ in range(self.num_groups)], -1))
         num_hits = len(tables[0])
         cached_tokens = num_hits * self.block_size
         n = self.cut_step(cached_tokens, min(len(token_ids) - cached_tokens, max_new_tokens), len(token_ids))
@@ -171,7 +171,7 @@ class KVCacheManager:
             if not self.state.take_slot(request_id):
                 return None
             if num_hits:
-                self.state.resume_from(request_id, self._checkpoint)
+                self.state.resume_from(request_id, checkpoint)
         self.pool.acquire(hits)
         for table in tables:
             table.extend(self.pool.allocate(new_blocks))

@@ -366,9 +366,9 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
     extra = meta.get(f"{gguf_arch}.nextn_predict_layers") or 0
     if extra:
         first = int(meta[f"{gguf_arch}.block_count"]) - int(extra)
-        mtp = [n for n, *_ in index if n.startswith("blk.") and int(n.split(".")[1]) >= first]
+        mtp = {n for n, *_ in index if n.startswith("blk.") and int(n.split(".")[1]) >= first}
         logger.info("GGUF: %d tensors of %d multi-token prediction blocks are not used", len(mtp), extra)
-        index = [entry for entry in index if entry[0] not in set(mtp)]
+        index = [entry for entry in index if entry[0] not in mtp]
     unknown = [n for n, *_ in index if _hf_name(n, gguf_arch) is None and n not in _READ_INTO_CONFIG]
     if unknown:
         raise ModelLoadError(f"GGUF '{gguf_path}' holds tensors pyserve has no place for: "
@@ -388,7 +388,7 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
             done += got
         return array
 
-    gemma = gguf_arch in _GEMMA or gguf_arch in _HYBRID  # norms stored as (1 + w)
+    plus_one_norms = gguf_arch in _GEMMA or gguf_arch in _HYBRID  # norms stored as (1 + w)
     row_parallel = (".self_attn.o_proj.", ".mlp.down_proj.", ".shared_expert.down_proj.")
 
     def quantizable(name: str, ggml_type: int, dims: tuple[int, ...]) -> bool:
@@ -433,7 +433,7 @@ def gguf_weights(gguf_path: str | Path, arch, tp_size: int = 1, keep_quantized: 
                     yield name, GGUFBlocks(type_, torch.from_numpy(blocks), shape)
                 continue
             types_widened[_type_name(ggml_type)] += 1
-            yield name, _widened(read, ggml_type, shape, offset, name, gemma, heads)
+            yield name, _widened(read, ggml_type, shape, offset, name, plus_one_norms, heads)
     finally:
         os.close(fd)
     logger.info("GGUF tensors kept quantized: %s; loaded as float32: %s",
@@ -467,7 +467,7 @@ def decode_read_bytes(gguf_path: str | Path) -> tuple[int, int]:
     return read, total
 
 
-def _widened(read, ggml_type: int, shape: tuple[int, ...], offset: int, name: str, gemma: bool,
+def _widened(read, ggml_type: int, shape: tuple[int, ...], offset: int, name: str, plus_one_norms: bool,
              heads: int | None):
     """One tensor of the file as float32, dequantized by the gguf package."""
     import numpy as np
@@ -490,8 +490,8 @@ def _widened(read, ggml_type: int, shape: tuple[int, ...], offset: int, name: st
         row_bytes = shape[-1] // block * size
         array = dequantize(raw.reshape(-1, row_bytes), qtype).astype(np.float32)
     array = array.reshape(shape)
-    if gemma and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
-        array = array - 1  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
+    if plus_one_norms and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        array = array - 1  # llama.cpp stores (1 + w) norm weights (Gemma, the hybrids) with the 1 added
     if name.endswith("linear_attn.A_log"):  # llama.cpp stores A = -exp(A_log)
         array = np.log(-array.astype(np.float64)).astype(np.float32)
     if name.endswith("shared_expert_gate.weight"):

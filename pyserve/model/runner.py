@@ -209,11 +209,9 @@ class ModelRunner:
             block_tables=torch.tensor(table_rows, dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int64),
-            state_fresh=torch.tensor([s.start == 0 for s in seqs], dtype=torch.bool),
-            state_copy_in=[(s.state_source, s.state_slot) for s in seqs if s.state_source >= 0] or None,
-            state_copy_out=[(s.state_slot, s.state_checkpoint) for s in seqs if s.state_checkpoint >= 0] or None,
         )
+        if seqs and seqs[0].state_slot >= 0:  # linear-attention layers: every sequence has a row
+            _with_state_rows(meta, seqs)
         if seqs and seqs[0].group_block_ids:
             meta = _with_group_tables(meta, seqs, bs)
         logits_rows = sample_rows + [row for p in prompt_lp for row in p.rows] + verify_rows
@@ -268,9 +266,9 @@ class ModelRunner:
                                       self.vocab_size, self.device)
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.int64), tables,
                                  old.meta.query_start_loc,
-                                 torch.tensor([p + 1 for p in positions], dtype=torch.int32),
-                                 state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.int64),
-                                 state_fresh=torch.zeros(n, dtype=torch.bool))
+                                 torch.tensor([p + 1 for p in positions], dtype=torch.int32))
+        if seqs[0].state_slot >= 0:
+            _with_state_rows(meta, seqs)
         inputs = ForwardInputs(torch.empty(n, dtype=torch.int64),
                                torch.tensor(positions, dtype=torch.int64), meta, old.logits_rows)
         return PreparedBatch(inputs, n, sampling)
@@ -362,6 +360,15 @@ class ModelRunner:
             sampled = read_result_table(step.table, step.batch.sampling.max_num_logprobs)
         return ModelRunnerOutput(sampled, step.prompt_logprobs, step.pooled,
                                  *ModelRunner._verified(step.verified, step.batch, step.seeded_states))
+
+
+def _with_state_rows(meta: AttentionMetadata, seqs) -> None:
+    """The state pool's rows of the step's sequences, the copies around the step (kv/state.py),
+    and which start afresh (at position 0), into meta."""
+    meta.state_slots = torch.tensor([s.state_slot for s in seqs], dtype=torch.int64)
+    meta.state_fresh = torch.tensor([s.start == 0 for s in seqs], dtype=torch.bool)
+    meta.state_copy_in = [(s.state_source, s.state_slot) for s in seqs if s.state_source >= 0] or None
+    meta.state_copy_out = [(s.state_slot, s.state_checkpoint) for s in seqs if s.state_checkpoint >= 0] or None
 
 
 def _with_group_tables(meta: AttentionMetadata, seqs, block_size: int) -> AttentionMetadata:

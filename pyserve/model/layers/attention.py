@@ -25,9 +25,9 @@ class AttentionMetadata:
     # with one group
     group_slot_mapping: torch.Tensor | None = None
     group_block_tables: torch.Tensor | None = None
-    # linear-attention layers (layers/linear_attention.py): each sequence's state slot [num_seqs]
-    # int64 (-1: a dummy step's sequence, which takes any slot) and whether its step starts
-    # at position 0 (a fresh state, not the slot's) [num_seqs] bool
+    # linear-attention layers (layers/linear_attention.py): each sequence's state row [num_seqs]
+    # int64 and whether its step starts at position 0 (a fresh state, not the row's) [num_seqs]
+    # bool; None in a dummy step, whose sequences start fresh in any rows
     state_slots: torch.Tensor | None = None
     state_fresh: torch.Tensor | None = None
     # prefix caching's checkpoints of those states (kv/state.py): (from row, to row) pairs

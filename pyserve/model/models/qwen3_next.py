@@ -203,9 +203,11 @@ class GatedDeltaNet(nn.Module):
         weight = self.conv1d.weight[:, 0]
         core = torch.empty(hidden.shape[0], hv, dv, dtype=torch.float32, device=hidden.device)
         starts = meta.query_start_loc.tolist()
-        fresh, pool = meta.state_fresh.tolist(), self.conv_state.shape[0]
-        # a dummy step's sequences (slot -1) start fresh in any slot: none runs beside them
-        slots = [row if row >= 0 else i % pool for i, row in enumerate(meta.state_slots.tolist())]
+        if meta.state_slots is None:  # a dummy step (profiling, warm-up): fresh, in any rows
+            slots = [i % self.conv_state.shape[0] for i in range(len(starts) - 1)]
+            fresh = [True] * len(slots)
+        else:
+            slots, fresh = meta.state_slots.tolist(), meta.state_fresh.tolist()
         decode = [i for i in range(len(slots)) if starts[i + 1] - starts[i] == 1 and not fresh[i]]
         if decode:  # one token each, resumed: their convolutions batched, then each state in its slot
             rows = torch.tensor([starts[i] for i in decode], device=hidden.device)
@@ -420,10 +422,8 @@ def _split_per_key_head(weight, spec: HybridSpec, qkvz: bool) -> list:
     return [part.reshape(-1, weight.shape[-1]) for part in grouped.split(sizes, dim=1)]
 
 
-# llama.cpp's GGUF architectures of these models; qwen35 and qwen35moe files hold the value
-# heads tiled ([K0, K1, .., K0, K1, ..] by key head) where Hugging Face groups them by key head
-GGUF_ARCHITECTURES = {"qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM",
-                      "qwen3next": "Qwen3NextForCausalLM"}
+# a qwen35 / qwen35moe GGUF holds the value heads tiled ([K0, K1, .., K0, K1, ..] by key head)
+# where Hugging Face groups them by key head: its config says so under this key
 TILED_KEY = "pyserve_tiled_value_heads"
 
 
